@@ -1,0 +1,1 @@
+"""kvroute gateway: every socket, task, timer and environment variable lives here."""

@@ -1,0 +1,45 @@
+"""The `kvroute` command: one entry point, one sub-command per package.
+
+    kvroute serve    the gateway            (proxy.server)
+    kvroute emulate  emulated SGLang fleet  (emulator.cli)
+    kvroute bench    the fleet benchmark    (bench.cli)
+    kvroute demo     gateway + 3 emulated replicas + a short workload (bench.demo)
+
+Sub-commands are imported lazily by name, so that the gateway never imports the emulator or the bench.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("proxy.server", "the OpenAI-compatible gateway"),
+    "emulate": ("emulator.cli", "emulated SGLang replicas"),
+    "bench": ("bench.cli", "the fleet benchmark"),
+    "demo": ("bench.demo", "gateway + 3 emulated replicas + a short workload"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in _COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0 if args else 2
+    if args[0] not in _COMMANDS:
+        print(f"kvroute: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(_COMMANDS[args[0]][0])
+    entry: Callable[[list[str]], int] = module.main
+    return entry(args[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Routing configuration: one frozen value derived by the proxy from its settings.
+
+``routing/`` never reads the environment or files; the proxy builds a ``RoutingConfig`` once at start
+and passes it down. Every field has a documented default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PolicyName = Literal["cost", "round_robin", "least_load", "cache_aware", "consistent_hash"]
+POLICY_NAMES: tuple[PolicyName, ...] = ("cost", "round_robin", "least_load", "cache_aware", "consistent_hash")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingConfig:
+    policy: PolicyName = "cost"
+    seed: int = 0  # seeds every tie-break, so a run is reproducible for a given request order
+
+    # hashing (routing.hashing)
+    block_chars: int = 256  # characters of canonical prompt per hashed block
+    chars_per_token: float = 4.0  # initial estimate; learned from usage.prompt_tokens
+    max_blocks: int = 16384  # blocks hashed per request (4M characters at the default block size)
+
+    # cache model (routing.cache_model)
+    model_budget_blocks: int = 10_000_000  # total blocks remembered over all replicas and tiers
+
+    # cost policy (predicted TTFT, seconds); rates are starting points, learned online
+    prefill_tokens_per_s: float = 4000.0
+    host_load_tokens_per_s: float = 130_000.0
+    storage_load_tokens_per_s: float = 20_000.0
+    overhead_s: float = 0.05
+    tie_rel_tol: float = 0.05  # predicted costs within 5% of the best are a tie (seeded draw among them)
+    session_overload_factor: float = (
+        2.0  # a session yields when its replica's queue > this x the fleet's best
+    )
+
+    # sglang-style cache_aware baseline (sglang-router 0.3.2 Python defaults)
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
+
+    # least_load: load = prefill tokens in flight + this many tokens per in-flight request
+    tokens_per_request: int = 256

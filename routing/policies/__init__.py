@@ -1,0 +1,1 @@
+"""Routing policies: one module per policy, each a Filter/Scorer/Picker composition."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from routing.types import Candidate, Decision, PrefixMatch, Reason, ReplicaId, ReplicaState, RoutingRequest
 
@@ -79,6 +79,14 @@ class PrefixIndex(Protocol):
     def observe(self, outcome: Outcome) -> None: ...
 
     def forget(self, replica: ReplicaId) -> None: ...
+
+
+@runtime_checkable
+class FleetSync(Protocol):
+    """A prefix index that wants every fleet snapshot (capacities, write policy, restarts) before it
+    matches; the proxy calls ``sync`` with the candidates' states on each routing decision."""
+
+    def sync(self, replicas: Sequence[ReplicaState]) -> None: ...
 
 
 class NullPrefixIndex:

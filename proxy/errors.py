@@ -1,0 +1,119 @@
+"""The gateway's error tree and its OpenAI-shaped JSON.
+
+Every error the gateway itself produces is a ``GatewayError`` carrying an HTTP status and an OpenAI
+error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`` (the shape the
+``openai`` SDK parses into its typed exceptions)::
+
+    GatewayError(status, type)
+    ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404
+    │   └── ModelNotFound 404
+    ├── PayloadTooLarge 413 · Overloaded 429
+    ├── NoReplicaAvailable 503
+    └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
+
+aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream.py``.
+An upstream that *answers* with an error status is not an exception: its response is relayed as-is
+(or retried on another replica when that is safe, see ``proxy/handlers.py``). Once a stream has
+started, the status can no longer change: the handler sends one SSE error event and closes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+class GatewayError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def payload(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.payload())
+
+    def to_response(self, headers: dict[str, str] | None = None) -> web.Response:
+        return web.Response(
+            status=self.status, body=self.to_json(), content_type="application/json", headers=headers
+        )
+
+    def to_sse(self) -> bytes:
+        """The one in-band event sent when a stream fails after its first byte."""
+        return b"data: " + self.to_json() + b"\n\n"
+
+
+class InvalidRequest(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status = 403
+    type = "permission_error"
+
+
+class NotFound(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    code = "payload_too_large"
+
+
+class Overloaded(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class NoReplicaAvailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "no_replica_available"
+
+
+class UpstreamError(GatewayError):
+    """The replica failed in a way that is not an HTTP answer (connection, protocol, timeout)."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+    retryable = False  # safe to send the same request to another replica (nothing reached the engine)
+
+
+class UpstreamUnavailable(UpstreamError):
+    code = "upstream_unavailable"
+
+    def __init__(self, message: str, *, retryable: bool, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.unreachable = unreachable  # could not connect at all: the replica looks down
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    code = "upstream_timeout"

@@ -1,0 +1,235 @@
+"""The fleet: which replicas exist, which are healthy, what each holds and how loaded it is.
+
+- Replicas come from settings (``--backend``) and the admin API (add, remove, drain).
+- A replica joins the pool once ``/health`` answers 200 *and* ``/get_server_info`` (+ ``/get_model_info``)
+  was read (served model, KV capacity, page size, HiCache settings, hybrid, start time). Info is
+  re-read every ``INFO_REFRESH_CHECKS`` health checks and whenever a replica comes back.
+- Active health checks every ``health_interval``: ``FAILURE_THRESHOLD`` consecutive failures take a
+  replica out; one success (plus fresh info) brings it back. A request that cannot connect marks the
+  replica unhealthy at once (passive check), so traffic moves on without waiting for the poller.
+- A restart (``startup_time`` changed, or a return after a health flap) calls ``on_reset(replica)``
+  so the prefix index forgets what that replica held.
+- Load: each routed request takes a ``Lease``: in-flight requests +1 and in-flight prefill tokens +
+  the request's estimated uncached tokens until its first byte arrives; ``release`` (in the handler's
+  ``finally``) undoes whatever is left, exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from proxy.errors import UpstreamError
+from proxy.replica_info import ReplicaInfo, parse_replica_info
+from proxy.upstream import Upstream
+from routing.types import ReplicaId, ReplicaState
+
+log = logging.getLogger("kvroute.fleet")
+FAILURE_THRESHOLD = 2
+INFO_REFRESH_CHECKS = 12
+HEALTH_TIMEOUT_S = 5.0
+
+
+class Replica:
+    """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
+
+    __slots__ = (
+        "draining",
+        "failures",
+        "healthy",
+        "id",
+        "inflight_prefill",
+        "inflight_requests",
+        "info",
+        "last_error",
+    )
+
+    def __init__(self, url: str) -> None:
+        self.id: ReplicaId = url.rstrip("/")
+        self.info: ReplicaInfo | None = None
+        self.healthy = False
+        self.draining = False
+        self.failures = 0
+        self.inflight_requests = 0
+        self.inflight_prefill = 0
+        self.last_error: str | None = None
+
+    def state(self) -> ReplicaState:
+        i = self.info
+        return ReplicaState(
+            id=self.id,
+            healthy=self.healthy and i is not None,
+            draining=self.draining,
+            inflight_requests=self.inflight_requests,
+            inflight_prefill_tokens=self.inflight_prefill,
+            gpu_tokens=i.gpu_tokens if i else 0,
+            host_tokens=i.host_tokens if i else 0,
+            storage_tokens=i.storage_tokens if i else 0,
+            page_size=i.page_size if i else 1,
+            write_policy=i.write_policy if i else None,
+            hybrid=i.hybrid if i else False,
+            max_running_requests=i.max_running_requests if i else 0,
+            started_at=i.started_at if i else 0.0,
+        )
+
+    def status(self) -> dict[str, Any]:
+        i = self.info
+        return {
+            "id": self.id,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "model": i.served_model if i else None,
+            "inflight_requests": self.inflight_requests,
+            "inflight_prefill_tokens": self.inflight_prefill,
+            "gpu_tokens": i.gpu_tokens if i else None,
+            "host_tokens": i.host_tokens if i else None,
+            "page_size": i.page_size if i else None,
+            "write_policy": i.write_policy if i else None,
+            "hybrid": i.hybrid if i else None,
+            "started_at": i.started_at if i else None,
+            "last_error": self.last_error,
+        }
+
+
+class Lease:
+    """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent."""
+
+    __slots__ = ("_prefill", "_released", "replica")
+
+    def __init__(self, replica: Replica, prefill_tokens: int) -> None:
+        self.replica = replica
+        self._prefill = prefill_tokens
+        self._released = False
+        replica.inflight_requests += 1
+        replica.inflight_prefill += prefill_tokens
+
+    def first_token(self) -> None:
+        self.replica.inflight_prefill -= self._prefill
+        self._prefill = 0
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.first_token()
+            self.replica.inflight_requests -= 1
+
+
+class Fleet:
+    def __init__(
+        self, urls: Iterable[str], health_interval: float, on_reset: Callable[[ReplicaId], None]
+    ) -> None:
+        self._replicas: dict[ReplicaId, Replica] = {}
+        self._interval = health_interval
+        self._on_reset = on_reset
+        self._checks = 0
+        for url in urls:
+            self.add(url)
+
+    # ---- membership (admin API) ----
+    def add(self, url: str) -> Replica:
+        replica = self._replicas.get(url.rstrip("/"))
+        if replica is None:
+            replica = Replica(url)
+            self._replicas[replica.id] = replica
+        return replica
+
+    def remove(self, replica_id: ReplicaId) -> bool:
+        replica = self._replicas.pop(replica_id.rstrip("/"), None)
+        if replica is not None:
+            self._on_reset(replica.id)
+        return replica is not None
+
+    def drain(self, replica_id: ReplicaId, draining: bool) -> bool:
+        replica = self._replicas.get(replica_id.rstrip("/"))
+        if replica is not None:
+            replica.draining = draining
+        return replica is not None
+
+    def get(self, replica_id: ReplicaId) -> Replica | None:
+        return self._replicas.get(replica_id)
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    # ---- routing inputs ----
+    def models(self) -> set[str]:
+        return {r.info.served_model for r in self._replicas.values() if r.info is not None}
+
+    def serves(self, replica: Replica, model: str | None) -> bool:
+        if model is None or replica.info is None:
+            return replica.info is not None
+        served = replica.info.served_model
+        return model == served or model.split(":", 1)[0] == served
+
+    def snapshot(self, model: str | None) -> list[ReplicaState]:
+        """States of the replicas that serve ``model`` (any model when None)."""
+        return [r.state() for r in self._replicas.values() if self.serves(r, model)]
+
+    def acquire(self, replica_id: ReplicaId, prefill_tokens: int) -> Lease:
+        return Lease(self._replicas[replica_id], prefill_tokens)
+
+    def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None and replica.healthy:
+            log.warning("replica %s unreachable (%s): out of the pool until healthy", replica_id, reason)
+            replica.healthy = False
+            replica.failures = FAILURE_THRESHOLD
+            replica.last_error = reason
+
+    # ---- active checks ----
+    async def check_all(self, upstream: Upstream) -> None:
+        refresh = self._checks % INFO_REFRESH_CHECKS == 0
+        self._checks += 1
+        await asyncio.gather(*(self.check(upstream, r, refresh) for r in list(self._replicas.values())))
+
+    async def check(self, upstream: Upstream, replica: Replica, refresh: bool = False) -> None:
+        try:
+            status, _ = await upstream.call(replica.id, "GET", "/health", HEALTH_TIMEOUT_S)
+            if status != 200:
+                raise UpstreamError(f"/health returned HTTP {status}")
+            if refresh or replica.info is None or not replica.healthy:
+                await self._refresh_info(upstream, replica)
+        except UpstreamError as e:
+            self._failed(replica, e.message)
+            return
+        if not replica.healthy:
+            log.info(
+                "replica %s healthy (model %s)",
+                replica.id,
+                replica.info.served_model if replica.info else "?",
+            )
+        replica.healthy, replica.failures, replica.last_error = True, 0, None
+
+    async def _refresh_info(self, upstream: Upstream, replica: Replica) -> None:
+        info = await upstream.get_json(replica.id, "/get_server_info", HEALTH_TIMEOUT_S)
+        if not isinstance(info, dict):
+            raise UpstreamError("/get_server_info is not a JSON object")
+        try:  # best effort: only the hybrid flag comes from here
+            model_info = await upstream.get_json(replica.id, "/get_model_info", HEALTH_TIMEOUT_S)
+        except UpstreamError:
+            model_info = {}
+        new = parse_replica_info(info, model_info if isinstance(model_info, dict) else {})
+        old, replica.info = replica.info, new
+        if old is not None and (old.started_at != new.started_at or not replica.healthy):
+            log.info("replica %s restarted or returned: forgetting its cache", replica.id)
+            self._on_reset(replica.id)
+
+    def _failed(self, replica: Replica, reason: str) -> None:
+        replica.failures += 1
+        replica.last_error = reason
+        if replica.healthy and replica.failures >= FAILURE_THRESHOLD:
+            log.warning(
+                "replica %s failed %d health checks: out of the pool (%s)",
+                replica.id,
+                replica.failures,
+                reason,
+            )
+            replica.healthy = False
+
+    async def run(self, upstream: Upstream) -> None:
+        """The health/info poller; runs until cancelled."""
+        while True:
+            await self.check_all(upstream)
+            await asyncio.sleep(self._interval)

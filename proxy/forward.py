@@ -1,0 +1,210 @@
+"""Sending one routed request upstream: attempts, retries, relay, outcome, abort.
+
+For each replica in ``[decision.replica] + decision.ranked`` (``1 + retries`` attempts, cycling
+through the list when it is shorter; a replica that refused the connection is not tried again):
+1. take a load lease on the replica;
+2. send the client's exact body bytes; a connection that fails before any response byte, or a
+   502/503/504 answer while another attempt remains, moves on to the next replica (counted);
+   any other answer (2xx, 4xx, 500) is relayed as-is;
+3. relay: whole body, or SSE chunk by chunk; a failure after the first streamed byte sends one SSE
+   error event and closes (no ``[DONE]``);
+4. ``finally``: release the lease, feed the ``Outcome`` (ok, usage, TTFT) to the policy and index.
+If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
+closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import uuid
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.context import Gateway
+from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable
+from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
+from proxy.types import ParsedRequest, Usage
+from routing.pipeline import Outcome
+from routing.types import Decision, Reason, ReplicaId, RoutingRequest
+
+log = logging.getLogger("kvroute.forward")
+RETRY_STATUSES = frozenset({502, 503, 504})
+ABORT_TIMEOUT_S = 2.0
+
+
+class Attempt:
+    """One try on one replica; collects what the outcome needs."""
+
+    def __init__(self, gw: Gateway, replica: ReplicaId, prefill_tokens: int, route: str) -> None:
+        self.gw, self.replica, self.route = gw, replica, route
+        self.lease = gw.fleet.acquire(replica, prefill_tokens)
+        self.t0 = asyncio.get_running_loop().time()
+        self.ttft: float | None = None
+        self.usage = Usage()
+        self.ok = False
+
+    def first_byte(self) -> None:
+        """First streamed byte: the prefill is done; this is the request's TTFT."""
+        if self.ttft is None:
+            self.ttft = asyncio.get_running_loop().time() - self.t0
+            self.lease.first_token()
+            self.gw.metrics.ttft.labels(self.route).observe(self.ttft)
+
+    def whole_body(self) -> None:
+        """A non-streamed answer arrived: prefill and decode are done, so there is no TTFT to learn
+        from (``ttft`` stays None rather than mixing decode time into prefill-rate learning)."""
+        self.lease.first_token()
+
+
+def request_id(request: web.Request) -> str:
+    return request.headers.get("x-request-id") or uuid.uuid4().hex
+
+
+def _attempt_order(decision: Decision, retries: int) -> list[ReplicaId]:
+    """``1 + retries`` attempts over the ranked replicas, cycling when there are fewer replicas (a
+    single replica gets a second try after, e.g., a keep-alive connection it closed under us)."""
+    ranked = [decision.replica, *(r for r in decision.ranked if r != decision.replica)]
+    return [ranked[i % len(ranked)] for i in range(1 + retries)]
+
+
+async def forward(
+    request: web.Request,
+    gw: Gateway,
+    raw: bytes,
+    parsed: ParsedRequest,
+    rreq: RoutingRequest,
+    decision: Decision,
+) -> web.StreamResponse:
+    rid_header = request_id(request) if gw.settings.request_id_headers else None
+    extra = {"x-request-id": rid_header} if rid_header else {}
+    headers = forward_headers(request.headers, extra)
+    prefill = max(0, rreq.prompt_tokens - int(decision.predicted_cached_tokens))
+    last: UpstreamError | None = None
+    order = _attempt_order(decision, gw.settings.retries)
+    unreachable: set[ReplicaId] = set()
+    for n, replica in enumerate(order):
+        if replica in unreachable or gw.fleet.get(replica) is None:
+            continue
+        if n > 0:
+            gw.metrics.retries.labels(replica).inc()
+            decision = dataclasses.replace(decision, replica=replica, reason=Reason.FALLBACK)
+            gw.index.record(rreq, decision)
+        attempt = Attempt(gw, replica, prefill, parsed.route.value)
+        try:
+            result = await _try(
+                request, gw, attempt, raw, headers, parsed, rid_header, last_chance=n == len(order) - 1
+            )
+            if result is not None:
+                return result
+        except UpstreamError as e:
+            if not e.retryable:
+                raise
+            last = e
+            if isinstance(e, UpstreamUnavailable) and e.unreachable:
+                unreachable.add(replica)
+                gw.fleet.mark_unreachable(replica, e.message)
+        finally:
+            attempt.lease.release()
+            _observe(gw, rreq, decision, attempt)
+    raise last or NoReplicaAvailable("no replica could take the request")
+
+
+def _observe(gw: Gateway, rreq: RoutingRequest, decision: Decision, a: Attempt) -> None:
+    u = a.usage
+    outcome = Outcome(rreq, decision, a.ok, u.prompt_tokens, u.cached_tokens, a.ttft)
+    gw.policy.observe(outcome)
+    gw.index.observe(outcome)
+    if u.prompt_tokens is not None:
+        gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
+    if u.cached_tokens is not None:
+        gw.metrics.cached_tokens.labels(a.replica).inc(u.cached_tokens)
+
+
+async def _try(
+    request: web.Request,
+    gw: Gateway,
+    a: Attempt,
+    raw: bytes,
+    headers: CIMultiDict[str],
+    parsed: ParsedRequest,
+    rid_header: str | None,
+    last_chance: bool,
+) -> web.StreamResponse | None:
+    """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
+    try:
+        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None)
+    except UpstreamError as e:
+        gw.metrics.upstream_errors.labels(a.replica, e.code or "error").inc()
+        raise
+    except asyncio.CancelledError:
+        _client_gone(gw, a, None, parsed.rid, parsed.route.value)
+        raise
+    try:
+        if resp.status in RETRY_STATUSES and not last_chance:
+            gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
+            return None
+        extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
+        out_headers = response_headers(resp.headers, extra)
+        if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
+            return await _relay_sse(request, gw, a, resp, out_headers, parsed)
+        try:
+            body = await gw.up.read(resp)
+        except asyncio.CancelledError:
+            _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
+            raise
+        a.whole_body()
+        a.ok = resp.status < 400
+        a.usage = body_usage(body) if a.ok else Usage()
+        return web.Response(status=resp.status, body=body, headers=out_headers)
+    finally:
+        resp.release()
+
+
+async def _relay_sse(
+    request: web.Request,
+    gw: Gateway,
+    a: Attempt,
+    resp: aiohttp.ClientResponse,
+    headers: CIMultiDict[str],
+    parsed: ParsedRequest,
+) -> web.StreamResponse:
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    await out.prepare(request)
+    sniffer = SSESniffer()
+    try:
+        await relay_stream(out, gw.up.chunks(resp), sniffer, a.first_byte)
+        a.ok = resp.status < 400
+    except UpstreamError as e:
+        log.warning("stream from %s failed after its first byte: %s", a.replica, e.message)
+        gw.metrics.stream_errors.labels(a.replica).inc()
+        out.force_close()
+        await out.write(e.to_sse())
+    except (asyncio.CancelledError, ConnectionResetError):
+        _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)
+        raise
+    finally:
+        a.usage = sniffer.usage()
+    await out.write_eof()
+    return out
+
+
+def _client_gone(
+    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None, route: str
+) -> None:
+    """Closes the upstream connection now; asks the replica to abort ``rid`` in the background."""
+    if resp is not None:
+        resp.close()
+    gw.metrics.disconnects.labels(route).inc()
+    if rid is not None:
+        gw.background.spawn(_abort(gw, a.replica, rid))
+
+
+async def _abort(gw: Gateway, replica: ReplicaId, rid: str) -> None:
+    try:
+        await gw.up.call(replica, "POST", "/abort_request", ABORT_TIMEOUT_S, json={"rid": rid})
+    except UpstreamError as e:
+        log.info("abort of a request on %s failed: %s", replica, e.message)

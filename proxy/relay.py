@@ -1,0 +1,139 @@
+"""Byte-faithful relaying of one upstream response, and reading ``usage`` on the way.
+
+Non-streamed answers are read whole and sent with the replica's status, content type and body bytes.
+Streamed answers (``text/event-stream``) are written chunk by chunk as they arrive: no buffering, no
+re-encoding, one ``write`` per received chunk (TCP_NODELAY is on, so each goes out at once).
+
+``SSESniffer`` watches the stream without changing it: it splits events on blank lines, keeps the
+first event's ``id`` (SGLang's rid, needed to abort) and the last event that carries token counts
+(the usage chunk of OpenAI routes, ``meta_info`` on ``/generate``), and parses that one event at the end.
+Ordinary chunks cost one substring search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.types import Usage
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "expect",
+        "content-length",
+        "host",
+    }
+)
+_DROP_RESPONSE = HOP_BY_HOP | {"date", "server"}
+
+
+def forward_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+    for k, v in extra.items():
+        out[k] = v
+    return out
+
+
+def response_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP_RESPONSE)
+    for k, v in extra.items():
+        out[k] = v
+    return out
+
+
+def _int(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def usage_of(doc: object) -> Usage:
+    """Usage from an OpenAI response/chunk (``usage``) or a native one (``meta_info``)."""
+    if not isinstance(doc, dict):
+        return Usage()
+    u = doc.get("usage")
+    if isinstance(u, dict):
+        details = u.get("prompt_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return Usage(_int(u.get("prompt_tokens")), _int(u.get("completion_tokens")), cached)
+    m = doc.get("meta_info")
+    if isinstance(m, dict):
+        return Usage(
+            _int(m.get("prompt_tokens")), _int(m.get("completion_tokens")), _int(m.get("cached_tokens"))
+        )
+    return Usage()
+
+
+def rid_of(doc: object) -> str | None:
+    if not isinstance(doc, dict):
+        return None
+    rid = doc.get("id")
+    if rid is None and isinstance(doc.get("meta_info"), dict):
+        rid = doc["meta_info"].get("id")
+    return rid if isinstance(rid, str) else None
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+
+
+class SSESniffer:
+    def __init__(self) -> None:
+        self._tail = b""
+        self._usage_event: bytes | None = None
+        self.rid: str | None = None
+        self.saw_done = False
+
+    def feed(self, chunk: bytes) -> None:
+        if b"\n\n" not in chunk and b"\r\n\r\n" not in chunk:
+            self._tail += chunk
+            return
+        events = (self._tail + chunk).replace(b"\r\n", b"\n").split(b"\n\n")
+        self._tail = events.pop()
+        for event in events:
+            self._event(event)
+
+    def _event(self, event: bytes) -> None:
+        if not event.startswith(b"data:"):
+            return
+        data = event[5:].strip()
+        if data == b"[DONE]":
+            self.saw_done = True
+        elif self.rid is None:
+            self.rid = rid_of(_loads(data))
+        if b'"prompt_tokens"' in data:
+            self._usage_event = data
+
+    def usage(self) -> Usage:
+        return usage_of(_loads(self._usage_event)) if self._usage_event is not None else Usage()
+
+
+def body_usage(body: bytes) -> Usage:
+    return usage_of(_loads(body)) if b'"prompt_tokens"' in body else Usage()
+
+
+async def relay_stream(
+    out: web.StreamResponse, chunks: AsyncIterator[bytes], sniffer: SSESniffer, on_first: Callable[[], None]
+) -> None:
+    """Writes every upstream chunk to the prepared client response as it arrives."""
+    first = True
+    async for chunk in chunks:
+        if first:
+            on_first()
+            first = False
+        sniffer.feed(chunk)
+        await out.write(chunk)

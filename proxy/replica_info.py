@@ -1,0 +1,97 @@
+"""What a replica says about itself, parsed from ``/get_server_info`` and ``/get_model_info`` (pure).
+
+Capacities follow the contract's §4 recipe, per TP rank:
+- GPU tokens = ``internal_states[0].memory_usage.token_capacity``, else ``max_total_num_tokens``;
+- host tokens (HiCache on): with ``hicache_size == 0``, ``ceil_page(floor(gpu x hicache_ratio)) + page``;
+  otherwise ``hicache_size x 1e9 / bytes_per_token`` with
+  ``bytes_per_token = kvcache_GiB x 2^30 / token_capacity``;
+- storage: present when ``hicache_storage_backend`` is set; its size is not reported, so it is modelled
+  as unbounded (``STORAGE_UNBOUNDED`` tokens; the cache model's own memory budget still applies).
+Hybrid models (GDN/Mamba + attention) are recognised by ``architectures``/``model_type``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from routing.types import WritePolicy
+
+STORAGE_UNBOUNDED = 1 << 40
+_WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+_HYBRID_MARKERS = ("mamba", "jamba", "next", "hybrid", "nemotronh", "falconh1", "lfm2", "kimilinear", "zamba")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    served_model: str
+    gpu_tokens: int
+    host_tokens: int
+    storage_tokens: int
+    page_size: int
+    write_policy: WritePolicy | None
+    hybrid: bool
+    max_running_requests: int
+    started_at: float
+
+
+def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
+    v = d.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else default
+
+
+def _memory_usage(info: Mapping[str, Any]) -> Mapping[str, Any]:
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        mu = states[0].get("memory_usage")
+        if isinstance(mu, dict):
+            return mu
+    return {}
+
+
+def host_tokens(info: Mapping[str, Any], gpu_tokens: int, page: int) -> int:
+    if not info.get("enable_hierarchical_cache"):
+        return 0
+    size_gb = _num(info, "hicache_size")
+    if size_gb > 0:
+        kv_gib = _num(_memory_usage(info), "kvcache")
+        if kv_gib <= 0 or gpu_tokens <= 0:
+            return 0
+        return int(size_gb * 1e9 / (kv_gib * 2**30 / gpu_tokens))
+    raw = math.floor(gpu_tokens * _num(info, "hicache_ratio", 2.0))
+    return math.ceil(raw / page) * page + page
+
+
+def is_hybrid(model_info: Mapping[str, Any]) -> bool:
+    names = model_info.get("architectures")
+    words = [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+    if isinstance(model_info.get("model_type"), str):
+        words.append(model_info["model_type"])
+    return any(m in w.lower().replace("_", "").replace("-", "") for w in words for m in _HYBRID_MARKERS)
+
+
+def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -> ReplicaInfo:
+    page = max(1, int(_num(info, "page_size", 1)))
+    gpu = int(_num(_memory_usage(info), "token_capacity") or _num(info, "max_total_num_tokens"))
+    policy = info.get("hicache_write_policy", "write_through")
+    write_policy = (
+        cast(WritePolicy, policy)
+        if info.get("enable_hierarchical_cache") and policy in _WRITE_POLICIES
+        else None
+    )
+    model = info.get("served_model_name") or info.get("model_path") or model_info.get("model_path") or ""
+    return ReplicaInfo(
+        served_model=str(model),
+        gpu_tokens=gpu,
+        host_tokens=host_tokens(info, gpu, page),
+        storage_tokens=STORAGE_UNBOUNDED
+        if info.get("enable_hierarchical_cache") and info.get("hicache_storage_backend")
+        else 0,
+        page_size=page,
+        write_policy=write_policy,
+        hybrid=is_hybrid(model_info),
+        max_running_requests=int(_num(info, "max_running_requests")),
+        started_at=_num(info, "startup_time"),
+    )

@@ -1,0 +1,119 @@
+"""``kvroute serve``: the aiohttp application and its entry point.
+
+``build_app(settings)`` wires the gateway: one ``Gateway`` value under ``GATEWAY``; one cleanup_ctx
+per long-lived resource (the shared upstream ClientSession, the health poller, background tasks);
+routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
+API, ``/health``, ``/status`` and ``/metrics``. Serve it with ``handler_cancellation=True`` (``main``
+does; so do ``serve_app`` and the tests) so a client that disconnects cancels its handler at once and
+the upstream request is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from proxy import admin, handlers
+from proxy.context import GATEWAY, Gateway
+from proxy.fleet import Fleet
+from proxy.metrics import GatewayMetrics
+from proxy.settings import Settings, SettingsError, load_settings
+from proxy.types import Route
+from proxy.upstream import Upstream
+from routing.policies.factory import build_policy, build_prefix_index
+
+log = logging.getLogger("kvroute")
+
+
+def build_gateway(settings: Settings) -> Gateway:
+    index = build_prefix_index(settings.routing)
+    fleet = Fleet(settings.backends, settings.health_interval, on_reset=index.forget)
+    metrics = GatewayMetrics(lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()])
+    return Gateway(
+        settings=settings, fleet=fleet, policy=build_policy(settings.routing), index=index, metrics=metrics
+    )
+
+
+async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
+    gw = app[GATEWAY]
+    session = Upstream.new_session()
+    gw.upstream = Upstream(session, gw.settings.request_timeout, gw.settings.connect_timeout)
+    try:
+        yield
+    finally:
+        await gw.background.close()
+        await session.close()
+        gw.upstream = None
+
+
+async def _poller_ctx(app: web.Application) -> AsyncIterator[None]:
+    gw = app[GATEWAY]
+    await gw.fleet.check_all(gw.up)  # replicas are known before the first request is served
+    task = asyncio.get_running_loop().create_task(gw.fleet.run(gw.up))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def build_app(settings: Settings) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
+    app[GATEWAY] = build_gateway(settings)
+    app.cleanup_ctx.append(_session_ctx)
+    app.cleanup_ctx.append(_poller_ctx)
+    r = app.router
+    r.add_post("/v1/chat/completions", handlers.generation(Route.CHAT))
+    r.add_post("/v1/completions", handlers.generation(Route.COMPLETIONS))
+    r.add_route("*", "/generate", handlers.generation(Route.GENERATE))
+    r.add_get("/v1/models", handlers.list_models)
+    r.add_get("/v1/models/{model}", handlers.get_model)
+    r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
+    r.add_route("*", "/flush_cache", handlers.flush_cache)
+    r.add_get("/health", handlers.health)
+    r.add_get("/status", handlers.status)
+    r.add_get("/metrics", handlers.metrics)
+    admin.add_routes(app)
+    return app
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+def main(argv: list[str]) -> int:
+    try:
+        settings = load_settings(argv)
+        app = build_app(settings)
+    except (SettingsError, ValueError) as e:
+        print(f"kvroute serve: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log.info("settings: %s", json.dumps(settings.redacted(), default=str))
+    if not settings.backends:
+        log.warning("no --backend given: add replicas through the admin API")
+    _install_uvloop()
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        handler_cancellation=True,
+        access_log=None,
+        print=lambda _: print(f"kvroute ready http://{settings.host}:{settings.port}", flush=True),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,228 @@
+"""Gateway settings: one frozen value read once at start-up.
+
+Sources, highest precedence first: command-line flags, the TOML file named by ``--config`` (or
+``KVROUTE_CONFIG``), ``KVROUTE_<NAME>`` environment variables, then defaults. Every key has the same
+name everywhere: flag ``--max-body-bytes`` = TOML ``max_body_bytes`` = env ``KVROUTE_MAX_BODY_BYTES``.
+``backend`` is repeatable on the command line, a list (or string) in TOML and comma-separated in the
+environment. An optional TOML table ``[routing]`` sets fields of ``routing.config.RoutingConfig``.
+
+Values are validated with messages that name the key and where it came from; ``redacted()`` gives the
+summary that is logged once (the admin key is never printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from routing.config import POLICY_NAMES, PolicyName, RoutingConfig
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+MiB = 1024 * 1024
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names the key and its source."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    backends: tuple[str, ...] = ()
+    config: str | None = None
+    policy: PolicyName = "least_load"
+    admin_key: str | None = None
+    max_body_bytes: int = 32 * MiB
+    health_interval: float = 5.0
+    request_timeout: float = 600.0
+    connect_timeout: float = 3.0
+    retries: int = 2
+    no_request_id_headers: bool = False
+    log_level: str = "info"
+    seed: int = 0
+    routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
+
+    def __post_init__(self) -> None:
+        if (self.routing.policy, self.routing.seed) != (self.policy, self.seed):
+            object.__setattr__(
+                self, "routing", dataclasses.replace(self.routing, policy=self.policy, seed=self.seed)
+            )
+
+    @property
+    def request_id_headers(self) -> bool:
+        return not self.no_request_id_headers
+
+    def redacted(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
+        out["admin_key"] = "***" if self.admin_key else None
+        out["routing"] = dataclasses.asdict(self.routing)
+        return out
+
+
+def parse_url(v: str) -> str:
+    parts = urlsplit(v.strip())
+    if parts.scheme not in {"http", "https"} or not parts.netloc:
+        raise ValueError(f"expected an http(s) URL, got {v!r}")
+    return v.strip().rstrip("/")
+
+
+def _backends(v: object) -> tuple[str, ...]:
+    items = v.split(",") if isinstance(v, str) else v
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ValueError("expected a URL or a list of URLs")
+    return tuple(parse_url(i) for i in items if i.strip())
+
+
+def _int(lo: int, hi: int) -> Callable[[object], int]:
+    def conv(v: object) -> int:
+        if isinstance(v, bool) or not isinstance(v, int | str):
+            raise ValueError(f"expected an integer, got {v!r}")
+        n = int(v)
+        if not lo <= n <= hi:
+            raise ValueError(f"expected an integer in [{lo}, {hi}], got {n}")
+        return n
+
+    return conv
+
+
+def _float(lo: float) -> Callable[[object], float]:
+    def conv(v: object) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float | str):
+            raise ValueError(f"expected a number, got {v!r}")
+        x = float(v)
+        if not x > lo:
+            raise ValueError(f"expected a number > {lo}, got {x}")
+        return x
+
+    return conv
+
+
+def _bool(v: object) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in {"1", "true", "yes", "on", "0", "false", "no", "off"}:
+        return v.strip().lower() in {"1", "true", "yes", "on"}
+    raise ValueError(f"expected a boolean, got {v!r}")
+
+
+def _choice(options: Sequence[str]) -> Callable[[object], str]:
+    def conv(v: object) -> str:
+        if v not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return conv
+
+
+def _str(v: object) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"expected a non-empty string, got {v!r}")
+    return v
+
+
+_CONVERTERS: dict[str, Callable[[object], Any]] = {
+    "host": _str,
+    "port": _int(0, 65535),
+    "backend": _backends,
+    "config": _str,
+    "policy": _choice(POLICY_NAMES),
+    "admin_key": _str,
+    "max_body_bytes": _int(1, 1 << 40),
+    "health_interval": _float(0.0),
+    "request_timeout": _float(0.0),
+    "connect_timeout": _float(0.0),
+    "retries": _int(0, 10),
+    "no_request_id_headers": _bool,
+    "log_level": _choice(LOG_LEVELS),
+    "seed": _int(0, (1 << 63) - 1),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvroute serve", argument_default=argparse.SUPPRESS)
+    p.add_argument("--host")
+    p.add_argument("--port")
+    p.add_argument("--backend", action="append", help="replica base URL (repeatable)")
+    p.add_argument("--config", help="TOML settings file")
+    p.add_argument("--policy", help=f"one of {', '.join(POLICY_NAMES)}")
+    p.add_argument("--admin-key", help="Bearer key for the admin API (disabled when unset)")
+    p.add_argument("--max-body-bytes")
+    p.add_argument("--health-interval", help="seconds between active health checks")
+    p.add_argument("--request-timeout", help="seconds of upstream inactivity before 504")
+    p.add_argument("--connect-timeout")
+    p.add_argument("--retries", help="retries on another replica when safe")
+    p.add_argument("--no-request-id-headers", action="store_const", const=True)
+    p.add_argument("--log-level")
+    p.add_argument("--seed")
+    return p
+
+
+def _convert(key: str, value: object, source: str) -> Any:
+    try:
+        return _CONVERTERS[key](value)
+    except ValueError as e:
+        raise SettingsError(f"setting {key!r} (from {source}): {e}") from None
+
+
+def _routing_config(table: object, source: str, base: RoutingConfig) -> RoutingConfig:
+    if not isinstance(table, Mapping):
+        raise SettingsError(f"setting 'routing' (from {source}): expected a table")
+    known = {f.name: f for f in dataclasses.fields(RoutingConfig)}
+    changes: dict[str, Any] = {}
+    for k, v in table.items():
+        if k not in known:
+            raise SettingsError(f"setting 'routing.{k}' (from {source}): unknown key")
+        want = type(getattr(base, k))
+        if want is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        if not isinstance(v, want) or (want is int and isinstance(v, bool)):
+            raise SettingsError(f"setting 'routing.{k}' (from {source}): expected {want.__name__}")
+        changes[k] = v
+    return dataclasses.replace(base, **changes)
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, tuple[object, str]]:
+    return {
+        k: (env[f"KVROUTE_{k.upper()}"], f"KVROUTE_{k.upper()}")
+        for k in _CONVERTERS
+        if f"KVROUTE_{k.upper()}" in env
+    }
+
+
+def _from_toml(path: str) -> tuple[dict[str, tuple[object, str]], object]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise SettingsError(f"setting 'config': cannot read {path}: {e}") from None
+    routing = data.pop("routing", None)
+    for k in data:
+        if k.replace("-", "_") not in _CONVERTERS or k == "config":
+            raise SettingsError(f"setting {k!r} (from {path}): unknown key")
+    return {k.replace("-", "_"): (v, path) for k, v in data.items()}, routing
+
+
+def load_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
+    """Flags > TOML > env > defaults; raises SettingsError (argparse exits on unknown flags)."""
+    env = os.environ if env is None else env
+    cli = {k: (v, "command line") for k, v in vars(_parser().parse_args(list(argv))).items()}
+    raw: dict[str, tuple[object, str]] = _from_env(env)
+    cfg_path = cli.get("config", raw.get("config", (None, "")))[0]
+    routing_table: object = None
+    if cfg_path is not None:
+        toml_values, routing_table = _from_toml(_convert("config", cfg_path, "command line"))
+        raw.update(toml_values)
+    raw.update(cli)
+    values = {k: _convert(k, v, src) for k, (v, src) in raw.items()}
+    backends = values.pop("backend", ())
+    routing = RoutingConfig()
+    if routing_table is not None:
+        routing = _routing_config(routing_table, str(cfg_path), routing)
+    return Settings(backends=backends, routing=routing, **values)

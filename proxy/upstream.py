@@ -1,0 +1,137 @@
+"""The one place where the gateway talks to replicas, and where aiohttp client errors become
+``UpstreamError``.
+
+One shared ``ClientSession`` per gateway: its ``TCPConnector`` keeps a keep-alive pool per replica
+(host:port), sets TCP_NODELAY on every connection (aiohttp does it in ``connection_made``; we also do it
+explicitly when a response arrives, so no Nagle/delayed-ACK stall can appear on streamed bodies) and
+never decompresses (``auto_decompress=False``), so relayed bytes are the replica's bytes.
+
+Error classification (what the handler may retry on another replica):
+- connection refused, DNS failure, connect timeout: ``UpstreamUnavailable(retryable=True,
+  unreachable=True)`` (the fleet takes the replica out until its next good health check);
+- the connection reset/closed before any response byte (a replica restarting, or a stale keep-alive
+  connection): ``UpstreamUnavailable(retryable=True)``;
+- no response headers within ``request_timeout``: ``UpstreamTimeout`` (not retried: the replica may be
+  working on it);
+- anything else during the body: ``UpstreamUnavailable(retryable=False)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp.tcp_helpers import tcp_nodelay
+
+from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+
+class Upstream:
+    def __init__(
+        self, session: aiohttp.ClientSession, request_timeout: float, connect_timeout: float
+    ) -> None:
+        self.session = session
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=request_timeout
+        )
+
+    @staticmethod
+    def new_session(max_connections: int = 0) -> aiohttp.ClientSession:
+        # idle connections are closed after 4 s, before uvicorn (SGLang's server) drops them at 5 s, so a
+        # request rarely meets a connection the replica is closing
+        connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=4.0)
+        return aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+
+    async def send(
+        self, base_url: str, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+    ) -> aiohttp.ClientResponse:
+        """Sends one request; returns the response once its headers arrived (any status)."""
+        try:
+            resp = await self.session.request(
+                method,
+                base_url + path_qs,
+                headers=headers,
+                data=body,
+                timeout=self._timeout,
+                allow_redirects=False,
+            )
+        except aiohttp.ClientConnectorError as e:
+            msg = f"replica {base_url} unreachable: {type(e).__name__}"
+            raise UpstreamUnavailable(msg, retryable=True, unreachable=True) from e
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:  # e.g. a stale keep-alive
+            raise UpstreamUnavailable(f"replica {base_url} closed: {type(e).__name__}", retryable=True) from e
+        except aiohttp.ConnectionTimeoutError as e:
+            msg = f"replica {base_url}: connect timeout"
+            raise UpstreamUnavailable(msg, retryable=True, unreachable=True) from e
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise UpstreamTimeout(f"replica {base_url} did not answer in time") from e
+        except aiohttp.ClientError as e:
+            raise UpstreamUnavailable(f"replica {base_url}: {type(e).__name__}: {e}", retryable=False) from e
+        if resp.connection is not None and resp.connection.transport is not None:
+            tcp_nodelay(resp.connection.transport, True)
+        return resp
+
+    @staticmethod
+    async def chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The response body as it arrives (no buffering); errors become UpstreamError."""
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise UpstreamTimeout("replica stopped sending (read timeout)") from e
+        except aiohttp.ClientError as e:
+            raise UpstreamUnavailable(
+                f"replica connection failed mid-response: {type(e).__name__}", retryable=False
+            ) from e
+
+    @staticmethod
+    async def read(resp: aiohttp.ClientResponse) -> bytes:
+        try:
+            return await resp.read()
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise UpstreamTimeout("replica stopped sending (read timeout)") from e
+        except aiohttp.ClientError as e:
+            raise UpstreamUnavailable(
+                f"replica connection failed mid-response: {type(e).__name__}", retryable=False
+            ) from e
+
+    async def call(
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        timeout_s: float,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, bytes]:
+        """A small control-plane call (health, info, abort): (status, body); raises UpstreamError."""
+        data = None if json is None else orjson.dumps(json)
+        hdrs = dict(headers or {})
+        if data is not None:
+            hdrs["Content-Type"] = "application/json"
+        try:
+            async with self.session.request(
+                method,
+                base_url + path,
+                data=data,
+                headers=hdrs,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                return resp.status, await resp.read()
+        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise UpstreamTimeout(f"replica {base_url}{path}: timeout") from e
+        except aiohttp.ClientError as e:
+            raise UpstreamUnavailable(f"replica {base_url}{path}: {type(e).__name__}", retryable=True) from e
+
+    async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
+        status, body = await self.call(base_url, "GET", path, timeout_s)
+        if status != 200:
+            raise UpstreamError(f"replica {base_url}{path}: HTTP {status}")
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise UpstreamError(f"replica {base_url}{path}: invalid JSON") from e

@@ -1,0 +1,155 @@
+"""Fleet: replica info by the contract's recipe, health leave/return, restarts, load, the admin API."""
+
+from __future__ import annotations
+
+import aiohttp
+import orjson
+import pytest
+
+from proxy.context import GATEWAY
+from proxy.replica_info import STORAGE_UNBOUNDED, parse_replica_info
+from tests.proxy.conftest import Stack, StackFactory, serve, wait_for
+from tests.proxy.fake_replica import FakeReplica
+
+STREAM = orjson.dumps({"model": "fake-model", "prompt": "x", "stream": True})
+CHAT = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_replica_info_recipe() -> None:
+    info = {
+        "served_model_name": "m",
+        "page_size": 16,
+        "max_total_num_tokens": 1000,
+        "enable_hierarchical_cache": True,
+        "hicache_ratio": 2.0,
+        "hicache_size": 0,
+        "hicache_write_policy": "write_back",
+        "startup_time": 5.0,
+        "internal_states": [{"memory_usage": {"token_capacity": 1001, "kvcache": 2.0}}],
+        "max_running_requests": 8,
+    }
+    r = parse_replica_info(info, {"architectures": ["LlamaForCausalLM"]})
+    assert (r.served_model, r.gpu_tokens, r.page_size, r.write_policy) == ("m", 1001, 16, "write_back")
+    assert r.host_tokens == 2016 + 16  # floor(1001 x 2) = 2002 → page-rounded 2016, + 1 page
+    assert (r.hybrid, r.storage_tokens, r.started_at, r.max_running_requests) == (False, 0, 5.0, 8)
+    sized = parse_replica_info(
+        {**info, "hicache_size": 4, "hicache_storage_backend": "file"},
+        {"architectures": ["Qwen3NextForCausalLM"]},
+    )
+    assert (
+        sized.host_tokens == int(4e9 / (2.0 * 2**30 / 1001))
+        and sized.hybrid
+        and sized.storage_tokens == STORAGE_UNBOUNDED
+    )
+    off = parse_replica_info({"model_path": "/p", "max_total_num_tokens": 10}, {})
+    assert (off.served_model, off.gpu_tokens, off.host_tokens, off.write_policy) == ("/p", 10, 0, None)
+
+
+async def test_failing_replica_leaves_the_pool_and_returns(stack: Stack) -> None:
+    fleet = stack.app[GATEWAY].fleet
+    stack.replicas[0].healthy = False
+    await wait_for(lambda: not fleet.get(stack.urls[0]).healthy)  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as s:
+        for _ in range(4):
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+                assert r.status == 200 and r.headers["x-kvroute-replica"] == stack.urls[1]
+    stack.replicas[0].healthy = True
+    await wait_for(lambda: fleet.get(stack.urls[0]).healthy)  # type: ignore[union-attr]
+    async with aiohttp.ClientSession() as s:
+        seen = set()
+        for _ in range(4):
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+                seen.add(r.headers["x-kvroute-replica"])
+    assert seen == set(stack.urls)
+
+
+async def test_restart_is_detected_and_the_index_told(stack_factory: StackFactory) -> None:
+    stack = await stack_factory()
+    gw = stack.app[GATEWAY]
+    forgotten: list[str] = []
+    gw.fleet._on_reset = forgotten.append
+    stack.replicas[0].startup_time += 100
+    await wait_for(lambda: forgotten == [stack.urls[0]], timeout_s=5.0)  # info refresh every 12 checks
+
+
+async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+        doc = await r.json()
+    assert doc["policy"] == "round_robin" and doc["healthy_replicas"] == 2 and doc["models"] == ["fake-model"]
+    assert {rep["id"] for rep in doc["replicas"]} == set(stack.urls)
+    assert doc["replicas"][0]["host_tokens"] == 200_016 and doc["replicas"][0]["write_policy"] == "write_back"
+    assert "admin_key" in doc["config"]
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/health") as r:
+        assert r.status == 200
+
+
+async def test_metrics_endpoint(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as s:
+        async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            assert r.status == 200
+        async with s.post(stack.url + "/v1/completions", data=STREAM) as r:
+            assert r.status == 200 and (await r.read()).endswith(b"[DONE]\n\n")
+        async with s.get(stack.url + "/metrics") as r:
+            text = await r.text()
+    assert 'kvroute_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
+    assert 'kvroute_decisions_total{policy="round_robin",reason="round_robin"} 2.0' in text
+    assert 'kvroute_ttft_seconds_count{route="completions"} 1.0' in text  # streamed requests only
+    assert "kvroute_ttft_seconds_bucket" in text and "kvroute_inflight_requests{replica=" in text
+
+
+async def test_admin_api(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=1, admin_key="adm")
+    extra = FakeReplica()
+    auth = {"Authorization": "Bearer adm"}
+    async with serve(extra.app()) as extra_url, aiohttp.ClientSession() as s:
+        async with s.get(stack.url + "/admin/replicas") as r:
+            assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
+        async with s.post(
+            stack.url + "/admin/replicas", json={"url": extra_url}, headers={"Authorization": "Bearer x"}
+        ) as r:
+            assert r.status == 401
+        async with s.post(stack.url + "/admin/replicas", json={"url": "nope"}, headers=auth) as r:
+            assert r.status == 400 and (await r.json())["error"]["param"] == "url"
+        async with s.post(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
+            assert r.status == 201 and (await r.json())["replica"]["healthy"] is True
+        for _ in range(4):
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+                assert r.status == 200
+        assert extra.served == 2 and stack.replicas[0].served == 2  # the added replica gets traffic
+        async with s.post(
+            stack.url + "/admin/replicas/drain", json={"url": stack.urls[0]}, headers=auth
+        ) as r:
+            assert r.status == 200 and (await r.json())["replica"]["draining"] is True
+        for _ in range(2):
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+                assert r.headers["x-kvroute-replica"] == extra_url
+        async with s.delete(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
+            assert r.status == 200
+        async with s.delete(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
+            assert r.status == 404
+        async with s.get(stack.url + "/admin/replicas", headers=auth) as r:
+            assert [x["id"] for x in (await r.json())["replicas"]] == [stack.urls[0]]
+        async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            assert r.status == 503  # the only replica left is draining
+
+
+@pytest.mark.parametrize("key", [None])
+async def test_admin_disabled_without_key(stack_factory: StackFactory, key: None) -> None:
+    stack = await stack_factory(n=1)
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/admin/replicas") as r:
+        assert r.status == 403
+
+
+async def test_load_is_tracked_and_released(stack: Stack) -> None:
+    import asyncio
+
+    for r in stack.replicas:
+        r.hang = True
+    fleet = stack.app[GATEWAY].fleet
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.ensure_future(s.post(stack.url + "/v1/chat/completions", data=CHAT))
+        await wait_for(lambda: sum(r.inflight_requests for r in fleet.replicas()) == 1)
+        assert sum(r.inflight_prefill for r in fleet.replicas()) > 0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    await wait_for(lambda: sum(r.inflight_requests + r.inflight_prefill for r in fleet.replicas()) == 0)

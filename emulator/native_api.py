@@ -1,0 +1,163 @@
+"""SGLang's native generation and tokenizer routes: /generate, /tokenize, /detokenize (contract §1.2).
+
+/generate takes `text` or `input_ids`, `sampling_params` (`max_new_tokens`, 0 allowed = prefill-only
+warm-up; `stop`, `n`, `sampling_seed`), `stream`, `rid`, `extra_key`, `return_logprob`. The response is
+`{"text", "output_ids", "meta_info"}` (a list when n > 1); `meta_info` always has `cached_tokens`, and
+`cached_tokens_details {device, host[, storage, storage_backend]}` when it is > 0. Streams send the
+cumulative text and output_ids in every event, then `[DONE]`. Errors are `{"error": {"message"}}`.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from emulator.errors import ApiError, check_context, is_token_list, json_response, native_error, read_json
+from emulator.replica import REPLICA, Job, Replica, Run, Sse, StreamCut, debug_headers, new_rid, take_fault
+from emulator.sampler import Completion, Sampling
+
+WEIGHT_VERSION = "default"
+
+
+def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
+    prompt = _prompt(body, replica)
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise ApiError("sampling_params must be a dict (batched requests are not emulated)")
+    max_new = params.get("max_new_tokens")
+    if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0):
+        raise ApiError(f"max_new_tokens must be at least 0, got {max_new}.")
+    stop = params.get("stop") or ()
+    stops = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop)
+    n = params.get("n", 1)
+    if not isinstance(n, int) or n < 1:
+        raise ApiError("n must be at least 1")
+    seed = params.get("sampling_seed")
+    sampling = Sampling(max_new=max_new, stop=stops, n=n, seed=seed if isinstance(seed, int) else None)
+    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
+    extra_key = body.get("extra_key")
+    if extra_key is not None and not isinstance(extra_key, str):
+        raise ApiError("extra_key must be a string")
+    rid = body.get("rid") if isinstance(body.get("rid"), str) else new_rid()
+    return Job(prompt, sampling, extra_key, str(rid), bool(body.get("stream")))
+
+
+def _prompt(body: dict[str, Any], replica: Replica) -> tuple[int, ...]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise ApiError("Either text or input_ids should be provided.")
+    if isinstance(text, str):
+        return tuple(replica.tokenizer.encode(text))
+    if isinstance(ids, list) and is_token_list(ids):
+        return tuple(ids)
+    raise ApiError("text must be a string and input_ids a list of ints (batched requests are not emulated)")
+
+
+def finish_reason(comp: Completion, count: int) -> dict[str, Any] | None:
+    if count < len(comp.ids):
+        return None
+    if comp.finish == "length":
+        return {"type": "length", "length": len(comp.ids)}
+    return {"type": "stop", "matched": comp.matched}
+
+
+def result(job: Job, run: Run, comp: Completion, count: int, index: int | None) -> dict[str, Any]:
+    finish = finish_reason(comp, count)
+    pre = run.prefilled
+    cached = pre.cached_tokens if pre is not None else 0
+    meta: dict[str, Any] = {
+        "id": job.rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(job.prompt),
+        "weight_version": WEIGHT_VERSION,
+        "total_retractions": 0,
+        "completion_tokens": count,
+        "reasoning_tokens": 0,
+        "cached_tokens": cached,
+    }
+    if pre is not None and cached > 0:
+        details: dict[str, Any] = {"device": pre.device, "host": pre.host}
+        if run.replica.cfg.hicache_storage_backend:
+            details |= {"storage": pre.storage, "storage_backend": "HiCacheFile"}
+        meta["cached_tokens_details"] = details
+    if finish is not None:
+        meta["e2e_latency"] = run.elapsed()
+    out: dict[str, Any] = {
+        "text": comp.text_upto(count),
+        "output_ids": list(comp.ids[:count]),
+        "meta_info": meta,
+    }
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    replica = request.app[REPLICA]
+    try:
+        job = parse_generate(await read_json(request, require_json_type=False), replica)
+    except ApiError as err:
+        return native_error(err.status, err.message)
+    fault = await take_fault(replica, job.stream)
+    if fault is not None and fault.kind == "fail":
+        return native_error(fault.status, f"Emulated fault: {HTTPStatus(fault.status).phrase}.")
+    cut = fault.after_chunks if fault is not None and fault.kind == "cut_stream" else None
+    comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
+    async with replica.open(request, job, comps) as run:
+        if job.stream:
+            return await _stream(request, replica, job, run, comps, cut)
+        await run.wait()
+        if run.failure is not None:
+            return native_error(run.failure.status, run.failure.message)
+        many = len(comps) > 1
+        outs = [result(job, run, c, len(c.ids), i if many else None) for i, c in enumerate(comps)]
+        return json_response(outs if many else outs[0], headers=debug_headers(replica))
+
+
+async def _stream(
+    request: web.Request, replica: Replica, job: Job, run: Run, comps: tuple[Completion, ...], cut: int | None
+) -> web.StreamResponse:
+    sse = await Sse.start(request, debug_headers(replica), cut)
+    sent = [-1] * len(comps)
+    many = len(comps) > 1
+    try:
+        async for _event in run.events():
+            if run.failure is not None:
+                await sse.send(orjson.dumps({"error": {"message": run.failure.message}}))
+                break
+            for i, count in enumerate(run.counts):
+                if count > sent[i] and (count > 0 or count >= len(comps[i].ids)):
+                    sent[i] = count
+                    await sse.send(orjson.dumps(result(job, run, comps[i], count, i if many else None)))
+        return await sse.done()
+    except StreamCut:
+        return sse.response
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    replica = request.app[REPLICA]
+    try:
+        body = await read_json(request, require_json_type=False)
+    except ApiError as err:
+        return native_error(err.status, err.message)
+    prompt = body.get("prompt", body.get("text", ""))
+    if not isinstance(prompt, str):
+        return native_error(400, "prompt must be a string")
+    tokens = replica.tokenizer.encode(prompt)
+    body_out = {"tokens": tokens, "count": len(tokens), "max_model_len": replica.cfg.context_length}
+    return json_response(body_out)
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    replica = request.app[REPLICA]
+    try:
+        body = await read_json(request, require_json_type=False)
+    except ApiError as err:
+        return native_error(err.status, err.message)
+    tokens = body.get("tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        return native_error(400, "tokens must be a list of ints")
+    return json_response({"text": replica.tokenizer.decode(tokens)})

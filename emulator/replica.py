@@ -1,0 +1,227 @@
+"""One emulated replica: its cache, engine, metrics and faults, and the life of one request.
+
+`Replica.build(cfg, port)` wires the pure pieces together (CacheConfig from the flags, the timing profile,
+the engine limits). Route handlers turn a parsed request into a `Job`, sample its outputs, call
+`Replica.open(request, job, completions)` and read `Run.events()`; leaving the `Run` context before the
+request finished (client gone: aiohttp cancels the handler) aborts it in the engine and counts it in
+num_aborted_requests_total, as SGLang does. `Sse` writes event streams (and cuts them on a fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from emulator.config import EmulatorConfig
+from emulator.engine import Engine
+from emulator.faults import Fault, Faults
+from emulator.metrics import Metrics
+from emulator.radix import CacheConfig, RadixCache
+from emulator.sampler import Completion, Sampler, Sampling
+from emulator.storage import FileStorage
+from emulator.tickets import Emitted, EngineLimits, Event, Failed, Finished, Prefilled, Ticket, Work
+from emulator.timing import PROFILES, ProfileTiming
+from emulator.tokenizer import PseudoTokenizer
+
+STORAGE_CAPACITY_TOKENS = 50_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A parsed generation request, whatever the route."""
+
+    prompt: tuple[int, ...]
+    sampling: Sampling
+    extra_key: str | None
+    rid: str
+    stream: bool
+
+
+def new_rid() -> str:
+    return uuid.uuid4().hex
+
+
+def cache_config(cfg: EmulatorConfig, port: int) -> CacheConfig:
+    storage = None
+    if cfg.hicache and cfg.hicache_storage_backend == "file":
+        directory = cfg.storage_dir(port)
+        directory.mkdir(parents=True, exist_ok=True)
+        storage = FileStorage(directory, STORAGE_CAPACITY_TOKENS)
+    return CacheConfig(
+        page_size=cfg.page_size,
+        gpu_tokens=cfg.gpu_tokens,
+        hicache=cfg.hicache,
+        host_tokens=cfg.host_tokens,
+        write_policy=cfg.hicache_write_policy,
+        storage=storage,
+        hybrid=cfg.emu_hybrid,
+        mamba_slots=cfg.mamba_slots,
+        host_mamba_slots=cfg.host_mamba_slots,
+        mamba_track_interval=cfg.mamba_track_interval,
+        mamba_extra_buffer=cfg.mamba_scheduler_strategy == "extra_buffer",
+    )
+
+
+@dataclass(eq=False, slots=True)
+class Replica:
+    cfg: EmulatorConfig
+    port: int
+    tokenizer: PseudoTokenizer
+    sampler: Sampler
+    engine: Engine
+    metrics: Metrics
+    faults: Faults
+    startup_time: float = field(default_factory=time.time)
+    unhealthy_until: float = 0.0  # loop time until which /health answers 503 (after a restart)
+
+    @classmethod
+    def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
+        tokenizer = PseudoTokenizer()
+        metrics = Metrics(cfg.served_model_name, cfg.mamba_slots)
+        timing = ProfileTiming(PROFILES[cfg.emu_profile], hicache=cfg.hicache)
+        limits = EngineLimits(
+            max_running_requests=cfg.max_running_requests,
+            chunked_prefill_size=cfg.chunked_prefill_size,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            time_scale=cfg.time_scale,
+            share_prefixes=not cfg.disable_radix_cache,
+        )
+        engine = Engine(RadixCache(cache_config(cfg, port)), timing, limits, metrics)
+        seed = cfg.emu_seed or cfg.random_seed
+        return cls(cfg, port, tokenizer, Sampler(tokenizer, seed), engine, metrics, Faults())
+
+    @property
+    def address(self) -> str:
+        return f"{self.cfg.host}:{self.port}"
+
+    def restart(self) -> None:
+        self.engine.restart()
+        self.startup_time = time.time()
+        self.unhealthy_until = asyncio.get_running_loop().time() + self.cfg.time_scale
+
+    def healthy(self) -> bool:
+        return asyncio.get_running_loop().time() >= self.unhealthy_until
+
+    def set_slow(self, factor: float) -> None:
+        self.engine.slow_factor = factor
+
+    def open(self, request: web.Request, job: Job, completions: tuple[Completion, ...]) -> Run:
+        """Submit the job; its modelled timeline starts when the request arrived (not after parsing)."""
+        outputs = tuple(c.ids for c in completions)
+        work = Work(job.rid, job.prompt, job.extra_key, outputs)
+        ticket = self.engine.submit(work, request.get(ARRIVAL))
+        return Run(self, ticket)
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """Reads one ticket's events and records its latencies; aborts it when left early."""
+
+    replica: Replica
+    ticket: Ticket
+    started: float = field(default_factory=time.monotonic)
+    first: float | None = None
+    prefilled: Prefilled | None = None
+    counts: tuple[int, ...] = ()
+    failure: Failed | None = None
+    finished: bool = False
+
+    async def __aenter__(self) -> Run:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.ticket.done:
+            if self.replica.engine.abort(self.ticket, "client disconnected"):
+                self.replica.metrics.on_abort()
+        elif self.finished:
+            self._record()
+
+    async def events(self) -> AsyncIterator[Event]:
+        while not (self.finished or self.failure):
+            event = await self.ticket.events.get()
+            if isinstance(event, Prefilled):
+                self.prefilled = event
+            elif isinstance(event, Emitted):
+                if self.first is None:
+                    self.first = time.monotonic()
+                self.counts = event.counts
+            elif isinstance(event, Finished):
+                self.finished = True
+            elif isinstance(event, Failed):
+                self.failure = event
+            yield event
+
+    def elapsed(self) -> float:
+        """Modelled seconds since the request arrived."""
+        return (time.monotonic() - self.started) / self.replica.cfg.time_scale
+
+    async def wait(self) -> None:
+        async for _ in self.events():
+            pass
+
+    def _record(self) -> None:
+        scale = self.replica.cfg.time_scale
+        now = time.monotonic()
+        ttft = None if self.first is None else (self.first - self.started) / scale
+        total = sum(self.counts)
+        itl = None
+        if self.first is not None and total > len(self.counts):
+            itl = (now - self.first) / scale / max(1, max(self.counts) - 1)
+        self.replica.metrics.on_finish(ttft, (now - self.started) / scale, itl)
+
+
+class StreamCut(Exception):
+    """Raised by Sse.send when a cut_stream fault closes the connection."""
+
+
+class Sse:
+    """Writes `data: <json>` events; closes the connection after `cut_after` events (a fault)."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse, cut_after: int | None) -> None:
+        self.request = request
+        self.response = response
+        self.cut_after = cut_after
+        self.sent = 0
+
+    @classmethod
+    async def start(cls, request: web.Request, headers: dict[str, str], cut_after: int | None) -> Sse:
+        response = web.StreamResponse(headers={"Cache-Control": "no-cache", **headers})
+        response.content_type = "text/event-stream"
+        await response.prepare(request)
+        return cls(request, response, cut_after)
+
+    async def send(self, payload: bytes) -> None:
+        if self.cut_after is not None and self.sent >= self.cut_after:
+            if self.request.transport is not None:
+                self.request.transport.close()
+            raise StreamCut
+        await self.response.write(b"data: " + payload + b"\n\n")
+        self.sent += 1
+
+    async def done(self) -> web.StreamResponse:
+        await self.send(b"[DONE]")
+        await self.response.write_eof()
+        return self.response
+
+
+async def take_fault(replica: Replica, streaming: bool) -> Fault | None:
+    """The fault armed for this request; a "hang" never returns (until the client leaves)."""
+    if not replica.cfg.emu_enable_faults:
+        return None
+    fault = replica.faults.take(streaming)
+    if fault is not None and fault.kind == "hang":
+        await asyncio.Event().wait()
+    return fault
+
+
+def debug_headers(replica: Replica) -> dict[str, str]:
+    return {"x-emu-replica": replica.address} if replica.cfg.emu_debug else {}
+
+
+REPLICA = web.AppKey("replica", Replica)
+ARRIVAL = web.RequestKey("arrival", float)

@@ -1,0 +1,185 @@
+"""Deterministic "generation": the output tokens of a request, decided before it is scheduled.
+
+There is no model, so the output is drawn from a seeded RNG keyed by (emulator seed, hash of the prompt
+token ids, choice index, the request's own `seed`): the same request on the same emulator gets the same
+text, and different choices of one request differ. Text is a sequence of short words; its token ids come
+from the pseudo-tokenizer, so `prompt + output` is exactly what a follow-up turn re-sends.
+
+Length rules (OpenAI routes and /generate alike):
+- a max token count given → exactly that many tokens, finish reason "length";
+- none given → a deterministic natural length in 16..64, finish reason "stop" (matched: the EOS id);
+- `stop` strings: the text is cut before the earliest match, finish reason "stop", matched: that string;
+  the token that completed the match is the last one counted.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from emulator.tokenizer import PseudoTokenizer
+
+_WORDS = [
+    "the",
+    "cache",
+    "page",
+    "host",
+    "gpu",
+    "tier",
+    "load",
+    "hit",
+    "miss",
+    "warm",
+    "cold",
+    "fast",
+    "slow",
+    "node",
+    "leaf",
+    "tree",
+    "root",
+    "key",
+    "data",
+    "time",
+    "plan",
+    "move",
+    "keep",
+    "copy",
+    "send",
+    "read",
+    "back",
+    "next",
+    "turn",
+    "user",
+    "chat",
+    "doc",
+    "text",
+    "line",
+    "word",
+    "part",
+    "fill",
+    "pool",
+    "slot",
+    "step",
+    "wait",
+    "run",
+    "done",
+    "ok",
+    "yes",
+    "and",
+    "or",
+    "to",
+    "of",
+    "in",
+    "on",
+    "at",
+    "by",
+    "it",
+    "is",
+    "be",
+    "as",
+    "we",
+]
+
+EOS_TEXT = "<|im_end|>"
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    max_new: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The output of one choice."""
+
+    ids: tuple[int, ...]
+    pieces: tuple[str, ...]  # text of each token; "".join(pieces) may exceed `text` after a stop cut
+    text: str
+    finish: str  # "stop" | "length"
+    matched: str | int | None
+    logprobs: tuple[float, ...]
+    top: tuple[tuple[tuple[str, float], ...], ...]  # per token: alternatives with logprobs
+
+    def text_upto(self, count: int) -> str:
+        """Visible text after `count` tokens (stop-truncated at the end)."""
+        if count >= len(self.ids):
+            return self.text
+        return "".join(self.pieces[:count])[: len(self.text)]
+
+
+class Sampler:
+    def __init__(self, tokenizer: PseudoTokenizer, seed: int) -> None:
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.eos_id = tokenizer.encode(EOS_TEXT)[0]
+
+    def sample(self, prompt: Sequence[int], params: Sampling, choice: int) -> Completion:
+        rng = random.Random(self._key(prompt, params.seed, choice))
+        natural = params.max_new is None
+        length = rng.randint(16, 64) if params.max_new is None else params.max_new
+        ids = self._tokens(rng, length)
+        pieces = tuple(self.tokenizer.decode([i]) for i in ids)
+        text = "".join(pieces)
+        finish = "stop" if natural else "length"
+        matched: str | int | None = self.eos_id if natural else None
+        cut = _earliest(text, params.stop)
+        if cut is not None:
+            at, stop = cut
+            ids, pieces = _keep_through(ids, pieces, at + len(stop))
+            text, finish, matched = text[:at], "stop", stop
+        logprobs = tuple(-round(rng.random() * 2.0, 4) for _ in ids)
+        top = tuple(
+            self._top(rng, p, lp, params.top_logprobs) for p, lp in zip(pieces, logprobs, strict=True)
+        )
+        return Completion(tuple(ids), pieces, text, finish, matched, logprobs, top)
+
+    def _tokens(self, rng: random.Random, length: int) -> list[int]:
+        ids: list[int] = []
+        while len(ids) < length:
+            words = " ".join(rng.choice(_WORDS) for _ in range(max(8, length)))
+            ids.extend(self.tokenizer.encode(" " + words if ids else words))
+        return ids[:length]
+
+    @staticmethod
+    def _top(rng: random.Random, piece: str, lp: float, k: int) -> tuple[tuple[str, float], ...]:
+        alts = [(piece, lp)]
+        while len(alts) < k:
+            alts.append((rng.choice(_WORDS), round(lp - 0.5 - rng.random(), 4)))
+        return tuple(alts[:k])
+
+    def _key(self, prompt: Sequence[int], seed: int | None, choice: int) -> int:
+        h = xxhash.xxh64(seed=self.seed & 0xFFFFFFFFFFFFFFFF)
+        h.update(_id_bytes(prompt))
+        h.update(struct.pack("<qq", choice, -1 if seed is None else seed))
+        return int(h.intdigest())
+
+
+def _id_bytes(ids: Sequence[int]) -> bytes:
+    try:
+        return array("I", ids).tobytes()
+    except OverflowError:
+        return array("I", (i & 0xFFFFFFFF for i in ids)).tobytes()
+
+
+def _earliest(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    found = [(text.find(s), s) for s in stops if s and s in text]
+    return min(found) if found else None
+
+
+def _keep_through(ids: list[int], pieces: tuple[str, ...], end: int) -> tuple[list[int], tuple[str, ...]]:
+    """Tokens up to and including the one whose text reaches character offset `end`."""
+    pos = 0
+    for i, piece in enumerate(pieces):
+        pos += len(piece)
+        if pos >= end:
+            return ids[: i + 1], pieces[: i + 1]
+    return ids, pieces

@@ -1,0 +1,145 @@
+"""The timing model (pure numbers) and the scheduler: queueing, chunked prefill, time scale."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import orjson
+import pytest
+
+from emulator.config import parse_args
+from emulator.launcher import EmulatorFleet
+from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
+from tests.emulator.conftest import Emu, StartEmu
+
+
+def test_rtx3090_profile_reproduces_seed_1() -> None:
+    t = ProfileTiming(PROFILES["rtx3090x2"])
+    n = 40_000
+    assert ttft_seconds(t, n, 0, 0, 0) == pytest.approx(15.4, rel=0.01)
+    assert ttft_seconds(t, n, n - 1, n - 1, 0) == pytest.approx(0.4, rel=0.02)
+    assert ttft_seconds(t, n, n - 1, 0, 0) == pytest.approx(0.1, rel=0.01)
+    assert 1 / t.decode_token_seconds(1) == pytest.approx(137)
+    assert 1 / ProfileTiming(PROFILES["rtx3090x2"], hicache=True).decode_token_seconds(1) == pytest.approx(
+        133
+    )
+    assert t.decode_token_seconds(4) == pytest.approx(1.24 / 137)
+
+
+def test_rx7900_profile_reproduces_seed_2() -> None:
+    t = ProfileTiming(PROFILES["rx7900xtx2"])
+    n = 128_000
+    assert ttft_seconds(t, n, 0, 0, 0) == pytest.approx(192, rel=0.01)
+    assert ttft_seconds(t, n, n - 1, n - 1, 0) == pytest.approx(2.65, rel=0.02)
+
+
+def test_prefill_cost_is_superlinear_and_chunking_invariant() -> None:
+    t = ProfileTiming(PROFILES["rtx3090x2"])
+    whole = t.prefill_seconds(0, 10_000)
+    chunks = sum(t.prefill_seconds(s, min(s + 2048, 10_000)) for s in range(0, 10_000, 2048))
+    assert chunks == pytest.approx(whole)
+    assert t.prefill_seconds(30_000, 32_000) > t.prefill_seconds(0, 2_000)
+    assert t.load_seconds(20_000, 20_000) == pytest.approx(20_000 / 133_333 + 1.0)
+
+
+def _body(ids: list[int], max_new: int) -> bytes:
+    return orjson.dumps({"input_ids": ids, "sampling_params": {"max_new_tokens": max_new}, "stream": True})
+
+
+async def _stream(http: aiohttp.ClientSession, emu: Emu, body: bytes, log: list[str], name: str) -> float:
+    """Send a streamed /generate; log "<name>:first" and "<name>:done"; return wall TTFT."""
+    start, ttft = time.perf_counter(), 0.0
+    async with http.post(f"{emu.url}/generate", data=body) as resp:
+        async for raw in resp.content:
+            if raw.startswith(b"data: {") and f"{name}:first" not in log:
+                ttft = time.perf_counter() - start
+                log.append(f"{name}:first")
+    log.append(f"{name}:done")
+    return ttft
+
+
+async def _until(predicate: object, limit: float = 5.0) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
+async def test_second_request_waits_with_one_running_slot(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    emu = await emulator("--max-running-requests", "1", "--emu-time-scale", "0.05", "--enable-metrics")
+    log: list[str] = []
+    a = asyncio.create_task(_stream(http, emu, _body(list(range(1, 200)), 200), log, "a"))
+    await _until(lambda: "a:first" in log)
+    b = asyncio.create_task(_stream(http, emu, _body(list(range(500, 700)), 2), log, "b"))
+    await _until(lambda: len(emu.replica.engine.waiting) == 1)
+    async with http.get(f"{emu.url}/get_load") as resp:
+        assert (await resp.json())[0]["num_waiting_reqs"] == 1
+    async with http.post(f"{emu.url}/flush_cache") as resp:
+        assert resp.status == 400  # busy: SGLang flushes only when idle
+    await asyncio.gather(a, b)
+    assert log.index("a:done") < log.index("b:first")
+    async with http.get(f"{emu.url}/metrics") as resp:
+        text = await resp.text()
+    line = next(x for x in text.splitlines() if x.startswith("sglang:queue_time_seconds_sum"))
+    assert float(line.split()[-1]) > 0.05  # b waited for a's decode (modelled seconds)
+
+
+@pytest.mark.parametrize(("chunk", "short_first"), [("2048", True), ("-1", False)])
+async def test_chunked_prefill_lets_a_short_request_in(
+    emulator: StartEmu, http: aiohttp.ClientSession, chunk: str, short_first: bool
+) -> None:
+    emu = await emulator("--chunked-prefill-size", chunk, "--emu-time-scale", "0.05", "--emu-debug")
+    log: list[str] = []
+    long = asyncio.create_task(_stream(http, emu, _body(list(range(1, 16_001)), 1), log, "long"))
+    await _until(lambda: bool(emu.replica.engine.prefilling))
+    peek = {"path": "/generate", "body": {"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 1}}}
+    async with http.post(f"{emu.url}/_emu/predict", json=peek) as resp:
+        predicted = await resp.json()
+    assert 0 < predicted["queue_s"] <= ttft_seconds(ProfileTiming(PROFILES["rtx3090x2"]), 16_000, 0, 0, 0)
+    assert predicted["ttft_s"] > predicted["queue_s"] + 0.1
+    short = asyncio.create_task(_stream(http, emu, _body(list(range(20_000, 20_050)), 1), log, "short"))
+    await asyncio.gather(long, short)
+    assert (log.index("short:first") < log.index("long:first")) is short_first
+
+
+async def test_time_scale_stretches_modelled_durations(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    walls = []
+    for scale in ("0.005", "0.02"):
+        emu = await emulator("--emu-time-scale", scale)
+        walls.append(await _stream(http, emu, _body(list(range(1, 8_001)), 1), [], "x"))
+    modelled = ttft_seconds(ProfileTiming(PROFILES["rtx3090x2"]), 8_000, 0, 0, 0)
+    assert walls[1] == pytest.approx(modelled * 0.02, rel=0.25)
+    assert 2.5 < walls[1] / walls[0] < 5.0
+
+
+def test_config_takes_sglang_flags_and_ignores_unknown_ones() -> None:
+    argv = ["--port", "31000", "--replicas", "3", "--enable-hierarchical-cache", "--hicache-ratio", "2"]
+    argv += ["--cuda-graph-max-bs", "8", "--enable-torch-compile", "--attention-backend=fa3", "--tp", "2"]
+    cfg = parse_args(argv)
+    assert cfg.ports == (31000, 31001, 31002) and cfg.tp_size == 2
+    assert cfg.ignored_flags == ("--cuda-graph-max-bs", "--enable-torch-compile", "--attention-backend")
+    assert cfg.gpu_tokens == 159_746  # 233,207 minus HiCache's ~31.5% (the seeds: 159,692)
+    assert cfg.host_tokens == 2 * 159_746 + 1
+    assert cfg.served_model_name == cfg.model_path and Path(cfg.model_path, "tokenizer.json").is_file()
+    capped = parse_args(["--ports", "1,2", "--max-total-tokens", "1000", "--page-size", "64"])
+    assert capped.ports == (1, 2) and capped.gpu_tokens == 960
+    with pytest.raises(SystemExit):
+        parse_args(["--emu-unknown", "1"])
+
+
+def test_cli_serves_n_replicas_with_one_ready_line_each() -> None:
+    with EmulatorFleet(2, ["--emu-time-scale", "0.001", "--some-sglang-flag", "x"]) as fleet:
+        for url in fleet.urls:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
+                assert json.load(resp)["data"][0]["owned_by"] == "sglang"
+        warnings = [line for line in fleet.stderr_lines if "--some-sglang-flag" in line]
+    assert len(warnings) == 1

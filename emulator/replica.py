@@ -1,4 +1,4 @@
-"""One emulated replica: its cache, engine, metrics and faults, and the life of one request.
+"""One emulated replica: its cache, engine, metrics, faults and debug logs, and the life of one request.
 
 `Replica.build(cfg, port)` wires the pure pieces together (CacheConfig from the flags, the timing profile,
 the engine limits). Route handlers turn a parsed request into a `Job`, sample its outputs, call
@@ -22,6 +22,7 @@ from emulator.engine import Engine
 from emulator.faults import Fault, Faults
 from emulator.metrics import Metrics
 from emulator.radix import CacheConfig, RadixCache
+from emulator.request_log import AbortLog, RequestLog
 from emulator.sampler import Completion, Sampler, Sampling
 from emulator.storage import FileStorage
 from emulator.tickets import Emitted, EngineLimits, Event, Failed, Finished, Prefilled, Ticket, Work
@@ -78,6 +79,8 @@ class Replica:
     faults: Faults
     startup_time: float = field(default_factory=time.time)
     unhealthy_until: float = 0.0  # loop time until which /health answers 503 (after a restart)
+    requests: RequestLog = field(default_factory=RequestLog)  # filled only with --emu-debug
+    aborts: AbortLog = field(default_factory=AbortLog)  # rids named by /abort_request calls
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:

@@ -7,12 +7,16 @@ Routes (SGLang 0.5.10 names; see info_api, openai_api, native_api for the shapes
          /get_server_info, /model_info, /get_model_info, /get_load, /v1/loads
     GET|POST /flush_cache   POST /abort_request   POST /tokenize /v1/tokenize /detokenize /v1/detokenize
     GET  /metrics                        only with --enable-metrics
-    GET  /_emu/state, POST /_emu/predict only with --emu-debug
+    GET  /_emu/state, /_emu/requests[?path=P], POST /_emu/predict   only with --emu-debug
     GET|POST /_emu/faults                only with --emu-enable-faults
 
 The engine runs as a task owned by a cleanup_ctx. Runners use handler_cancellation so that a client that
 goes away cancels its handler, which aborts the request in the engine (as SGLang notices a dropped
-connection).
+connection); an abort through /abort_request is counted the same way (num_aborted_requests_total).
+
+The frame middleware wraps every route: arrival time, the API key, the request log (--emu-debug, see
+request_log.py), the connection-level faults (a reset before any byte on generation routes, failing
+health probes; see faults.py) and SGLang's flat 500 body for unexpected errors.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
+import socket
+import struct
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,18 +38,60 @@ from emulator.config import EmulatorConfig
 from emulator.errors import ApiError, flat_error, json_response, native_error, read_json
 from emulator.faults import FaultError
 from emulator.replica import ARRIVAL, REPLICA, Replica
+from emulator.request_log import Entry, is_logged
 
 _OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
+_PROBE_PATHS = frozenset({"/health", "/health_generate", "/ready"})
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP RST
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @web.middleware
 async def _frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[ARRIVAL] = asyncio.get_running_loop().time()
-    key = request.app[REPLICA].cfg.api_key
+    replica = request.app[REPLICA]
+    entry = await _record(request, replica)
+    try:
+        response = await _guarded(request, replica, handler, entry)
+    except asyncio.CancelledError:
+        _finish(entry, "cancelled")
+        raise
+    except web.HTTPException as exc:
+        _finish(entry, "answered", exc.status)
+        raise
+    _finish(entry, "answered", response.status)
+    return response
+
+
+async def _record(request: web.Request, replica: Replica) -> Entry | None:
+    if not (replica.cfg.emu_debug and is_logged(request.path)):
+        return None
+    try:
+        body = await request.read()
+    except web.HTTPException:  # too large: logged without a body, the handler answers
+        body = b""
+    return replica.requests.record(request.method, request.path, request.query_string, request.headers, body)
+
+
+def _finish(entry: Entry | None, outcome: str, status: int | None = None) -> None:
+    if entry is not None and entry.outcome == "pending":
+        entry.outcome, entry.status = outcome, status
+
+
+async def _guarded(
+    request: web.Request, replica: Replica, handler: Handler, entry: Entry | None
+) -> web.StreamResponse:
+    """Auth, connection-level faults, then the route; unexpected errors become SGLang's flat 500."""
+    key = replica.cfg.api_key
     open_path = request.path in _OPEN_PATHS or request.method == "OPTIONS"
     if key and not open_path and request.headers.get("Authorization") != f"Bearer {key}":
         return json_response({"error": "Unauthorized"}, 401)
+    if replica.cfg.emu_enable_faults:
+        if request.path in _PROBE_PATHS and replica.faults.probe_fails(asyncio.get_running_loop().time()):
+            return web.Response(status=503)
+        if request.path in _GENERATION_PATHS and replica.faults.take_reset():
+            await _reset(request, entry)
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -63,6 +111,22 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
+async def _reset(request: web.Request, entry: Entry | None) -> None:
+    """A connection reset before any response byte: read the body (the client finished sending), send a
+    TCP RST, then wait for the cancellation the lost connection brings (handler_cancellation)."""
+    with contextlib.suppress(web.HTTPException):
+        await request.read()
+    _finish(entry, "reset")
+    transport = request.transport
+    if transport is not None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+        transport.abort()
+    await asyncio.Event().wait()
+
+
 async def flush_cache(request: web.Request) -> web.Response:
     if request.app[REPLICA].engine.flush():
         text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"  # noqa: E501
@@ -78,10 +142,11 @@ async def abort_request(request: web.Request) -> web.Response:
     except ApiError as err:
         return native_error(400, err.message)
     rid, everything = body.get("rid"), bool(body.get("abort_all"))
+    replica.aborts.record(rid if isinstance(rid, str) else None)
     engine = replica.engine
     for ticket in [*engine.waiting, *engine.prefilling, *engine.decoding]:
-        if everything or ticket.work.rid == rid:
-            engine.abort(ticket, "Abort request by user.")
+        if (everything or ticket.work.rid == rid) and engine.abort(ticket, "Abort request by user."):
+            replica.metrics.on_abort()  # as a dropped connection is counted
     return web.Response(status=200)
 
 
@@ -109,9 +174,15 @@ async def emu_state(request: web.Request) -> web.Response:
         "prompt_tokens_total": live.prompt_tokens_total,
         "cached_tokens_total": live.cached_tokens_total,
         "aborted_total": live.aborted_total,
+        "abort_requests": replica.aborts.to_json(),
         "startup_time": replica.startup_time,
     }
     return json_response(body)
+
+
+async def emu_requests(request: web.Request) -> web.Response:
+    """The request log (request_log.py), optionally only one path: ?path=/v1/chat/completions."""
+    return json_response(request.app[REPLICA].requests.to_json(request.query.get("path")))
 
 
 async def emu_predict(request: web.Request) -> web.Response:
@@ -139,7 +210,9 @@ async def emu_faults(request: web.Request) -> web.Response:
     replica = request.app[REPLICA]
     if request.method == "POST":
         try:
-            action = replica.faults.arm(await read_json(request, require_json_type=False))
+            body = await read_json(request, require_json_type=False)
+            now = asyncio.get_running_loop().time()
+            action = replica.faults.arm(body, now, replica.cfg.time_scale)
         except (ApiError, FaultError) as err:
             return native_error(400, str(err))
         if action == "restart":
@@ -180,6 +253,7 @@ def build_app(cfg: EmulatorConfig) -> web.Application:
         r.add_get("/metrics", metrics)
     if cfg.emu_debug:
         r.add_get("/_emu/state", emu_state)
+        r.add_get("/_emu/requests", emu_requests)
         r.add_post("/_emu/predict", emu_predict)
     if cfg.emu_enable_faults:
         r.add_get("/_emu/faults", emu_faults)

@@ -1,4 +1,4 @@
-"""Faults on demand (--emu-enable-faults) and client disconnects."""
+"""Faults on demand (--emu-enable-faults), client disconnects and /abort_request."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ async def test_slow_multiplies_modelled_time(emulator: StartEmu, http: aiohttp.C
     slow = await _e2e(http, emu)
     assert 2.5 < slow / normal < 6
     listed = await _arm(http, emu, action="clear")
-    assert listed == {"faults": [], "slow_factor": 1.0}
+    assert listed == {"faults": [], "slow_factor": 1.0, "unhealthy": None}
 
 
 async def test_restart_keeps_storage_only(
@@ -121,7 +121,7 @@ async def test_restart_keeps_storage_only(
 
 
 async def test_disconnect_aborts_in_engine(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
-    emu = await emulator("--emu-time-scale", "0.05", "--enable-metrics")
+    emu = await emulator("--emu-time-scale", "0.05", "--enable-metrics", "--emu-debug")
     body = dict(CHAT, max_tokens=400, stream=True)
     async with http.post(f"{emu.url}/v1/chat/completions", json=body) as resp:
         await resp.content.readline()
@@ -130,10 +130,11 @@ async def test_disconnect_aborts_in_engine(emulator: StartEmu, http: aiohttp.Cli
     assert emu.replica.engine.cache.stats().gpu_used == emu.replica.engine.cache.stats().gpu_cached
     async with http.get(f"{emu.url}/metrics") as resp:
         assert "sglang:num_aborted_requests_total" in await resp.text()
+    assert [e["outcome"] for e in await emu.requests("/v1/chat/completions")] == ["cancelled"]
 
 
 async def test_abort_request_by_rid(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
-    emu = await emulator("--emu-time-scale", "0.05")
+    emu = await emulator("--emu-time-scale", "0.05", "--enable-metrics", "--emu-debug")
     body = dict(CHAT, max_tokens=400, stream=True, rid="rid-to-abort")
     events = []
     async with http.post(f"{emu.url}/v1/chat/completions", json=body) as resp:
@@ -146,3 +147,64 @@ async def test_abort_request_by_rid(emulator: StartEmu, http: aiohttp.ClientSess
     assert events[-1] == b"[DONE]"
     assert orjson.loads(events[-2])["error"]["message"] == "Abort request by user."
     assert not emu.replica.engine.busy()
+    async with http.post(f"{emu.url}/abort_request", json={"rid": "no-such-rid"}) as abort:
+        assert abort.status == 200
+    state = await emu.state()
+    assert state["abort_requests"] == {"total": 2, "rids": ["rid-to-abort", "no-such-rid"]}
+    assert state["aborted_total"] == 1  # counted once, like a dropped connection; the unknown rid is not
+    async with http.get(f"{emu.url}/metrics") as resp:
+        assert 'sglang:num_aborted_requests_total{model_name="' in (text := await resp.text())
+    assert any(
+        line.startswith("sglang:num_aborted_requests_total{") and line.endswith(" 1.0")
+        for line in text.splitlines()
+    )
+
+
+async def test_reset_closes_the_connection_before_any_byte(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    emu = await emulator(*FAULTS, "--emu-debug")
+    listed = await _arm(http, emu, action="reset", count=1)
+    assert listed["faults"] == [{"action": "reset", "status": 503, "after_chunks": 1, "count": 1}]
+    with pytest.raises(aiohttp.ClientConnectionError):  # no status line: a reset, not an HTTP error
+        async with http.post(f"{emu.url}/v1/chat/completions", json=CHAT) as resp:
+            await resp.read()
+    async with http.post(f"{emu.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200  # the reset was used up
+    log = await emu.requests("/v1/chat/completions")
+    assert [(e["outcome"], e["status"]) for e in log] == [("reset", None), ("answered", 200)]
+    assert (await emu.state())["requests_total"] == 1  # the reset request never reached the engine
+
+
+async def _probe(http: aiohttp.ClientSession, emu: Emu, path: str = "/health") -> int:
+    async with http.get(emu.url + path) as resp:
+        return resp.status
+
+
+async def test_unhealthy_for_n_probes(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
+    emu = await emulator(*FAULTS)
+    listed = await _arm(http, emu, action="unhealthy", count=3)
+    assert listed["unhealthy"] == {"probes": 3, "until": None}
+    statuses = [await _probe(http, emu, p) for p in ("/health", "/ready", "/health_generate", "/health")]
+    assert statuses == [503, 503, 503, 200]
+    async with http.post(f"{emu.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200  # only the probes fail
+
+
+async def test_unhealthy_for_modelled_seconds_and_until_cleared(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    emu = await emulator(*FAULTS)  # time scale 0.01: 20 modelled s = 0.2 s
+    await _arm(http, emu, action="unhealthy", seconds=20)
+    assert await _probe(http, emu) == 503
+    deadline = time.monotonic() + 5.0
+    while await _probe(http, emu) != 200:
+        assert time.monotonic() < deadline, "still unhealthy"
+        await asyncio.sleep(0.02)
+    await _arm(http, emu, action="unhealthy")
+    assert [await _probe(http, emu) for _ in range(3)] == [503, 503, 503]
+    assert (await _arm(http, emu, action="clear"))["unhealthy"] is None
+    assert await _probe(http, emu) == 200
+    for bad in ({"count": 0}, {"seconds": -1}, {"count": "x"}):
+        async with http.post(f"{emu.url}/_emu/faults", json={"action": "unhealthy", **bad}) as resp:
+            assert resp.status == 400

@@ -15,10 +15,7 @@ from pathlib import Path
 import openai
 
 from emulator.launcher import EmulatorFleet, free_ports
-from proxy.context import GATEWAY
-from proxy.server import build_app
-from proxy.settings import Settings
-from tests.proxy.conftest import serve
+from tests.conftest import StartGateway
 
 MODEL = "emu-model"
 EMU_ARGS = ["--served-model-name", MODEL, "--emu-time-scale", "0.01"]
@@ -32,33 +29,26 @@ async def _chat(client: openai.AsyncOpenAI, i: int) -> str:
     return raw.headers["x-kvroute-replica"]
 
 
-async def test_killed_replica_leaves_the_pool_and_requests_keep_succeeding() -> None:
+async def test_killed_replica_leaves_the_pool_and_requests_keep_succeeding(gateway: StartGateway) -> None:
     async with EmulatorFleet(2, EMU_ARGS) as stable, EmulatorFleet(1, EMU_ARGS) as doomed:
         backends = (*stable.urls, *doomed.urls)
-        app = build_app(Settings(backends=backends, policy="round_robin", health_interval=0.2, retries=2))
-        async with (
-            serve(app) as url,
-            openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c,
-        ):
+        gw = await gateway(backends, policy="round_robin", health_interval=0.2, retries=2)
+        async with openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0) as c:
             first = Counter([await _chat(c, i) for i in range(6)])
             assert set(first) == set(backends)
             await asyncio.to_thread(doomed.stop)  # killed mid-run, no warning
             # every request still succeeds: the first one to hit the dead replica is retried elsewhere
             after = Counter([await _chat(c, i) for i in range(12)])
             assert set(after) == set(stable.urls)
-            replica = app[GATEWAY].fleet.get(doomed.urls[0])
+            replica = gw.gw.fleet.get(doomed.urls[0])
             assert replica is not None and not replica.healthy
 
 
-async def test_replica_added_through_admin_api_gets_traffic() -> None:
+async def test_replica_added_through_admin_api_gets_traffic(gateway: StartGateway) -> None:
     async with EmulatorFleet(1, EMU_ARGS) as base, EmulatorFleet(1, EMU_ARGS) as extra:
-        app = build_app(
-            Settings(backends=tuple(base.urls), policy="least_load", admin_key="k", health_interval=0.5)
-        )
-        async with (
-            serve(app) as url,
-            openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c,
-        ):
+        gw = await gateway(base.urls, policy="least_load", admin_key="k", health_interval=0.5)
+        url = gw.url
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as c:
             assert {await _chat(c, i) for i in range(3)} == set(base.urls)
             admin = openai.AsyncOpenAI(base_url=url, api_key="k", max_retries=0)
             async with admin:

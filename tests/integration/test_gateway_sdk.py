@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import openai
@@ -17,9 +17,7 @@ import orjson
 import pytest
 
 from emulator.launcher import EmulatorFleet
-from proxy.server import build_app
-from proxy.settings import Settings
-from tests.proxy.conftest import serve
+from tests.conftest import StartGateway, sha256
 
 MODEL = "emu-model"
 EMU_ARGS = [
@@ -34,6 +32,7 @@ EMU_ARGS = [
     "qwen25",
     "--emu-time-scale",
     "0.05",
+    "--emu-debug",
 ]
 JSON = {"Content-Type": "application/json"}
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
@@ -46,19 +45,17 @@ def fleet() -> Iterator[EmulatorFleet]:
 
 
 @pytest.fixture
-async def gateway(fleet: EmulatorFleet) -> AsyncIterator[str]:
-    settings = Settings(backends=tuple(fleet.urls), policy="round_robin", health_interval=1.0)
-    async with serve(build_app(settings)) as url:
-        yield url
+async def gw_url(fleet: EmulatorFleet, gateway: StartGateway) -> str:
+    return (await gateway(fleet.urls, policy="round_robin", health_interval=1.0)).url
 
 
 def _client(url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
 
 
-async def test_sdk_chat_stream_completions_n2(gateway: str) -> None:
+async def test_sdk_chat_stream_completions_n2(gw_url: str) -> None:
     msgs = [SYSTEM, {"role": "user", "content": "Summarise the plan."}]
-    async with _client(gateway) as c:
+    async with _client(gw_url) as c:
         assert [m.id for m in (await c.models.list()).data] == [MODEL]
         chat = await c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8)  # type: ignore[arg-type]
         assert (
@@ -81,11 +78,11 @@ async def test_sdk_chat_stream_completions_n2(gateway: str) -> None:
         assert [ch.index for ch in comp.choices] == [0, 1]
 
 
-async def test_sdk_sync_client_and_cached_tokens(gateway: str) -> None:
+async def test_sdk_sync_client_and_cached_tokens(gw_url: str) -> None:
     msgs = [SYSTEM, {"role": "user", "content": "Repeat after me: cache."}]
 
     def run() -> list[int]:
-        with openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0) as c:
+        with openai.OpenAI(base_url=gw_url + "/v1", api_key="none", max_retries=0) as c:
             out = []
             for _ in range(4):  # round robin over 2 replicas: the 3rd and 4th hit warm caches
                 r = c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=2)  # type: ignore[arg-type]
@@ -97,7 +94,7 @@ async def test_sdk_sync_client_and_cached_tokens(gateway: str) -> None:
     assert cached[2] > 0 and cached[3] > 0
 
 
-async def test_sdk_tools_round_trip(gateway: str) -> None:
+async def test_sdk_tools_round_trip(gw_url: str) -> None:
     tools = [
         {
             "type": "function",
@@ -112,7 +109,7 @@ async def test_sdk_tools_round_trip(gateway: str) -> None:
         }
     ]
     msgs: list[dict[str, object]] = [{"role": "user", "content": "Weather in Paris?"}]
-    async with _client(gateway) as c:
+    async with _client(gw_url) as c:
         first = await c.chat.completions.create(model=MODEL, messages=msgs, tools=tools)  # type: ignore[arg-type]
         calls = first.choices[0].message.tool_calls
         assert (
@@ -128,8 +125,8 @@ async def test_sdk_tools_round_trip(gateway: str) -> None:
     assert second.choices[0].message.content
 
 
-async def test_sdk_errors_are_typed(gateway: str) -> None:
-    async with _client(gateway) as c:
+async def test_sdk_errors_are_typed(gw_url: str) -> None:
+    async with _client(gw_url) as c:
         with pytest.raises(openai.NotFoundError):
             await c.chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(openai.BadRequestError):
@@ -174,14 +171,23 @@ async def _fetch(
         return r.status, r.headers["Content-Type"], _VOLATILE.sub(rb'"\1":0', await r.read())
 
 
-async def test_relayed_bytes_equal_direct_bytes(fleet: EmulatorFleet) -> None:
+async def _logged(s: aiohttp.ClientSession, url: str, path: str) -> list[str]:
+    """SHA-256 of the bodies the replica received on ``path`` (its request log, --emu-debug)."""
+    async with s.get(url + "/_emu/requests", params={"path": path}) as r:
+        return [e["body_sha256"] for e in (await r.json())["requests"]]
+
+
+async def test_relayed_bytes_equal_direct_bytes(fleet: EmulatorFleet, gateway: StartGateway) -> None:
     backend = fleet.urls[0]
-    settings = Settings(backends=(backend,), health_interval=1.0)
-    async with serve(build_app(settings)) as gw, aiohttp.ClientSession() as s:
+    gw = (await gateway((backend,), health_interval=1.0)).url
+    async with aiohttp.ClientSession() as s:
         for i, (path, body) in enumerate(RECORDED):
+            before = await _logged(s, backend, path)
             direct = await _fetch(s, backend, path, body, f"rid{i}a")
             via = await _fetch(s, gw, path, body, f"rid{i}a")
             assert via == direct, path
+            sent = sha256(orjson.dumps({**body, "rid": f"rid{i}a"}))
+            assert (await _logged(s, backend, path))[len(before) :] == [sent, sent], path  # byte-for-byte
 
 
 async def _busy(s: aiohttp.ClientSession, urls: list[str]) -> int:
@@ -192,22 +198,34 @@ async def _busy(s: aiohttp.ClientSession, urls: list[str]) -> int:
     return total
 
 
+async def _aborted(s: aiohttp.ClientSession, urls: list[str]) -> float:
+    """Sum of sglang:num_aborted_requests_total over the replicas (their /metrics)."""
+    total = 0.0
+    for u in urls:
+        async with s.get(u + "/metrics") as r:
+            for line in (await r.text()).splitlines():
+                if line.startswith("sglang:num_aborted_requests_total{"):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 @pytest.mark.parametrize("stream", [True, False])
-async def test_client_disconnect_aborts_upstream(gateway: str, fleet: EmulatorFleet, stream: bool) -> None:
+async def test_client_disconnect_aborts_upstream(gw_url: str, fleet: EmulatorFleet, stream: bool) -> None:
     """The request would keep a replica busy for ~7 s (20K decode tokens at time scale 0.05); after the
-    client leaves, the replica must be idle again within a second."""
+    client leaves, the replica must be idle again within a second, and count exactly one abort."""
     body: dict[str, object] = {"model": MODEL, "max_tokens": 20_000, "ignore_eos": True, "stream": stream}
     async with aiohttp.ClientSession() as s:
+        aborted = await _aborted(s, fleet.urls)
         if stream:  # leave after the first chunk
             body["messages"] = [{"role": "user", "content": "go"}]
-            r = await s.post(gateway + "/v1/chat/completions", data=orjson.dumps(body), headers=JSON)
+            r = await s.post(gw_url + "/v1/chat/completions", data=orjson.dumps(body), headers=JSON)
             await r.content.readuntil(b"\n\n")
             assert await _busy(s, fleet.urls) == 1
             r.close()
         else:  # leave while waiting for the whole answer
             body["prompt"] = "tok " * 4000
             task = asyncio.ensure_future(
-                s.post(gateway + "/v1/completions", data=orjson.dumps(body), headers=JSON)
+                s.post(gw_url + "/v1/completions", data=orjson.dumps(body), headers=JSON)
             )
             t0 = time.monotonic()
             while await _busy(s, fleet.urls) == 0:
@@ -220,3 +238,5 @@ async def test_client_disconnect_aborts_upstream(gateway: str, fleet: EmulatorFl
         while await _busy(s, fleet.urls) > 0:
             assert time.monotonic() - t0 < 1.0, "the replica kept working after the client left"
             await asyncio.sleep(0.005)
+        await asyncio.sleep(0.1)  # an /abort_request the gateway sends after closing must not count twice
+        assert await _aborted(s, fleet.urls) == aborted + 1

@@ -1,64 +1,91 @@
-"""Fixtures: real servers on port 0 (fake replicas, the gateway), the real openai SDK."""
+"""The gateway's unit-test stack: kvroute (round robin, fast health checks) in front of in-process
+emulated SGLang replicas with faults and the debug views on (see tests/conftest.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.server import build_app
-from proxy.settings import Settings
-from tests.proxy.fake_replica import FakeReplica
+from proxy.context import GATEWAY, Gateway
+from tests.conftest import MODEL, Emu, Emulators, StartGateway, serve, wait_for
 
+__all__ = ["EMU_FLAGS", "MODEL", "SYSTEM", "Stack", "StackFactory", "post", "serve", "wait_for"]
 
-@asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+# page 16, 100K GPU tokens, HiCache write_back with ratio 2 → a 200_016-token host pool
+EMU_FLAGS = (
+    "--served-model-name",
+    MODEL,
+    "--emu-time-scale",
+    "0.01",
+    "--emu-enable-faults",
+    "--emu-debug",
+    "--enable-metrics",
+    "--enable-cache-report",
+    "--tool-call-parser",
+    "qwen25",
+    "--enable-hierarchical-cache",
+    "--hicache-write-policy",
+    "write_back",
+    "--page-size",
+    "16",
+    "--max-total-tokens",
+    "100000",
+)
+# long enough to fill cache pages: a repeated request gets cached_tokens > 0
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
 
 
 @dataclasses.dataclass
 class Stack:
     url: str
     app: web.Application
-    replicas: list[FakeReplica]
+    replicas: list[Emu]
     urls: list[str]
+    emulators: Emulators
+
+    @property
+    def gw(self) -> Gateway:
+        return self.app[GATEWAY]
+
+    def metrics(self) -> str:
+        return self.gw.metrics.render().decode()
+
+    def replica(self, url: str) -> Emu:
+        return self.replicas[self.urls.index(url)]
+
+    async def generations(self) -> list[dict[str, Any]]:
+        """Generation requests logged by all replicas."""
+        return [e for r in self.replicas for e in await r.generations()]
+
+    async def flush(self) -> None:
+        """Empties every replica's cache directly (not through the gateway)."""
+        for r in self.replicas:
+            async with r.http.post(r.url + "/flush_cache") as resp:
+                assert resp.status == 200
 
 
 StackFactory = Callable[..., Awaitable[Stack]]
 
 
 @pytest.fixture
-async def stack_factory() -> AsyncIterator[StackFactory]:
-    from contextlib import AsyncExitStack
+async def stack_factory(emulator_server: Emulators, gateway: StartGateway) -> AsyncIterator[StackFactory]:
+    async def make(
+        n: int = 2, models: Sequence[str] | None = None, emu_flags: Sequence[str] = (), **settings: Any
+    ) -> Stack:
+        names = list(models) if models is not None else [MODEL] * n
+        replicas = [await emulator_server(*EMU_FLAGS, "--served-model-name", m, *emu_flags) for m in names]
+        urls = [r.url for r in replicas]
+        gw = await gateway(
+            urls, **({"health_interval": 0.1, "policy": "round_robin", "retries": 2} | settings)
+        )
+        return Stack(gw.url, gw.app, replicas, urls, emulator_server)
 
-    async with AsyncExitStack() as exits:
-
-        async def make(n: int = 2, **settings_kw: object) -> Stack:
-            replicas = [FakeReplica() for _ in range(n)]
-            urls = [await exits.enter_async_context(serve(r.app())) for r in replicas]
-            base = {"backends": tuple(urls), "health_interval": 0.1, "policy": "round_robin", "retries": 2}
-            base.update(settings_kw)
-            settings = Settings(**base)  # type: ignore[arg-type]
-            settings = dataclasses.replace(
-                settings,
-                routing=dataclasses.replace(settings.routing, policy=settings.policy),  # type: ignore[arg-type]
-            )
-            app = build_app(settings)
-            url = await exits.enter_async_context(serve(app))
-            return Stack(url, app, replicas, urls)
-
-        yield make
+    yield make
 
 
 @pytest.fixture
@@ -66,13 +93,9 @@ async def stack(stack_factory: StackFactory) -> Stack:
     return await stack_factory()
 
 
-async def wait_for(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Polls ``cond`` every 20 ms; fails the test if it is still false after ``timeout_s`` seconds."""
-    import asyncio
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+async def post(
+    url: str, path: str, body: bytes, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    """(status, body bytes, lower-cased headers) of one POST."""
+    async with aiohttp.ClientSession() as s, s.post(url + path, data=body, headers=headers or {}) as r:
+        return r.status, await r.read(), {k.lower(): v for k, v in r.headers.items()}

@@ -6,13 +6,12 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.context import GATEWAY
 from proxy.replica_info import STORAGE_UNBOUNDED, parse_replica_info
-from tests.proxy.conftest import Stack, StackFactory, serve, wait_for
-from tests.proxy.fake_replica import FakeReplica
+from tests.proxy.conftest import EMU_FLAGS, MODEL, SYSTEM, Stack, StackFactory, wait_for
 
-STREAM = orjson.dumps({"model": "fake-model", "prompt": "x", "stream": True})
-CHAT = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+JSON = {"Content-Type": "application/json"}
+STREAM = orjson.dumps({"model": MODEL, "prompt": "x", "stream": True, "max_tokens": 4})
+CHAT = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
 
 
 def test_replica_info_recipe() -> None:
@@ -46,38 +45,48 @@ def test_replica_info_recipe() -> None:
 
 
 async def test_failing_replica_leaves_the_pool_and_returns(stack: Stack) -> None:
-    fleet = stack.app[GATEWAY].fleet
-    stack.replicas[0].healthy = False
+    fleet = stack.gw.fleet
+    await stack.replicas[0].fault(action="unhealthy")  # /health answers 503 until cleared
     await wait_for(lambda: not fleet.get(stack.urls[0]).healthy)  # type: ignore[union-attr]
     async with aiohttp.ClientSession() as s:
         for _ in range(4):
-            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
                 assert r.status == 200 and r.headers["x-kvroute-replica"] == stack.urls[1]
-    stack.replicas[0].healthy = True
+    assert await stack.replicas[0].generations() == []
+    await stack.replicas[0].fault(action="clear")
     await wait_for(lambda: fleet.get(stack.urls[0]).healthy)  # type: ignore[union-attr]
     async with aiohttp.ClientSession() as s:
         seen = set()
         for _ in range(4):
-            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
+                assert r.status == 200
                 seen.add(r.headers["x-kvroute-replica"])
     assert seen == set(stack.urls)
+    assert [len(await r.generations()) for r in stack.replicas] == [2, 6]
 
 
-async def test_restart_is_detected_and_the_index_told(stack_factory: StackFactory) -> None:
-    stack = await stack_factory()
-    gw = stack.app[GATEWAY]
+async def test_restart_is_detected_and_the_index_told(stack: Stack) -> None:
+    gw = stack.gw
     forgotten: list[str] = []
     gw.fleet._on_reset = forgotten.append
-    stack.replicas[0].startup_time += 100
+    before = (await stack.replicas[0].state())["startup_time"]
+    await stack.replicas[0].fault(action="restart")  # new startup_time, GPU and host tiers lost
+    after = (await stack.replicas[0].state())["startup_time"]
+    assert after != before
     await wait_for(lambda: forgotten == [stack.urls[0]], timeout_s=5.0)  # info refresh every 12 checks
+    assert gw.fleet.get(stack.urls[0]).info.started_at == after  # type: ignore[union-attr]
 
 
 async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:
     async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
         doc = await r.json()
-    assert doc["policy"] == "round_robin" and doc["healthy_replicas"] == 2 and doc["models"] == ["fake-model"]
+    assert doc["policy"] == "round_robin" and doc["healthy_replicas"] == 2 and doc["models"] == [MODEL]
     assert {rep["id"] for rep in doc["replicas"]} == set(stack.urls)
-    assert doc["replicas"][0]["host_tokens"] == 200_016 and doc["replicas"][0]["write_policy"] == "write_back"
+    # page 16, 100K GPU tokens, hicache_ratio 2 → the replica's own host pool size, by the contract's recipe
+    host = stack.replicas[0].replica.cfg.host_tokens
+    assert doc["replicas"][0]["host_tokens"] == 200_016 == host
+    assert doc["replicas"][0]["gpu_tokens"] == 100_000 and doc["replicas"][0]["page_size"] == 16
+    assert doc["replicas"][0]["write_policy"] == "write_back"
     assert "admin_key" in doc["config"]
     async with aiohttp.ClientSession() as s, s.get(stack.url + "/health") as r:
         assert r.status == 200
@@ -85,9 +94,9 @@ async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:
 
 async def test_metrics_endpoint(stack: Stack) -> None:
     async with aiohttp.ClientSession() as s:
-        async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+        async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
             assert r.status == 200
-        async with s.post(stack.url + "/v1/completions", data=STREAM) as r:
+        async with s.post(stack.url + "/v1/completions", data=STREAM, headers=JSON) as r:
             assert r.status == 200 and (await r.read()).endswith(b"[DONE]\n\n")
         async with s.get(stack.url + "/metrics") as r:
             text = await r.text()
@@ -99,9 +108,10 @@ async def test_metrics_endpoint(stack: Stack) -> None:
 
 async def test_admin_api(stack_factory: StackFactory) -> None:
     stack = await stack_factory(n=1, admin_key="adm")
-    extra = FakeReplica()
+    extra = await stack.emulators(*EMU_FLAGS)
+    extra_url = extra.url
     auth = {"Authorization": "Bearer adm"}
-    async with serve(extra.app()) as extra_url, aiohttp.ClientSession() as s:
+    async with aiohttp.ClientSession() as s:
         async with s.get(stack.url + "/admin/replicas") as r:
             assert r.status == 401 and (await r.json())["error"]["type"] == "authentication_error"
         async with s.post(
@@ -113,24 +123,28 @@ async def test_admin_api(stack_factory: StackFactory) -> None:
         async with s.post(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
             assert r.status == 201 and (await r.json())["replica"]["healthy"] is True
         for _ in range(4):
-            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
                 assert r.status == 200
-        assert extra.served == 2 and stack.replicas[0].served == 2  # the added replica gets traffic
+        assert (
+            await extra.served() == 2 and await stack.replicas[0].served() == 2
+        )  # the added one gets traffic
         async with s.post(
             stack.url + "/admin/replicas/drain", json={"url": stack.urls[0]}, headers=auth
         ) as r:
             assert r.status == 200 and (await r.json())["replica"]["draining"] is True
         for _ in range(2):
-            async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+            async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
                 assert r.headers["x-kvroute-replica"] == extra_url
+        assert await extra.served() == 4 and await stack.replicas[0].served() == 2
         async with s.delete(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
             assert r.status == 200
         async with s.delete(stack.url + "/admin/replicas", json={"url": extra_url}, headers=auth) as r:
             assert r.status == 404
         async with s.get(stack.url + "/admin/replicas", headers=auth) as r:
             assert [x["id"] for x in (await r.json())["replicas"]] == [stack.urls[0]]
-        async with s.post(stack.url + "/v1/chat/completions", data=CHAT) as r:
+        async with s.post(stack.url + "/v1/chat/completions", data=CHAT, headers=JSON) as r:
             assert r.status == 503  # the only replica left is draining
+    assert await extra.served() == 4 and await stack.replicas[0].served() == 2
 
 
 @pytest.mark.parametrize("key", [None])
@@ -144,12 +158,19 @@ async def test_load_is_tracked_and_released(stack: Stack) -> None:
     import asyncio
 
     for r in stack.replicas:
-        r.hang = True
-    fleet = stack.app[GATEWAY].fleet
+        await r.fault(action="hang")  # accepted, never answered
+    fleet = stack.gw.fleet
+    body = orjson.dumps({"model": MODEL, "messages": [SYSTEM, {"role": "user", "content": "hi"}]})
     async with aiohttp.ClientSession() as s:
-        task = asyncio.ensure_future(s.post(stack.url + "/v1/chat/completions", data=CHAT))
+        task = asyncio.ensure_future(s.post(stack.url + "/v1/chat/completions", data=body, headers=JSON))
         await wait_for(lambda: sum(r.inflight_requests for r in fleet.replicas()) == 1)
         assert sum(r.inflight_prefill for r in fleet.replicas()) > 0
+        await wait_for(lambda: _outcomes(stack, ["pending"]))  # the replica holds it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     await wait_for(lambda: sum(r.inflight_requests + r.inflight_prefill for r in fleet.replicas()) == 0)
+    await wait_for(lambda: _outcomes(stack, ["cancelled"]))  # the gateway closed the upstream connection
+
+
+async def _outcomes(stack: Stack, expected: list[str]) -> bool:
+    return [e["outcome"] for e in await stack.generations()] == expected

@@ -113,8 +113,17 @@ async def forward(
     raise last or NoReplicaAvailable("no replica could take the request")
 
 
+def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
+    """SGLang 0.5.10 with ``--enable-cache-report`` sends ``prompt_tokens_details: null`` when nothing
+    was cached: on such a replica a usage without details is a reported 0, not "unknown"."""
+    if u.cached_tokens is not None or u.prompt_tokens is None:
+        return u.cached_tokens
+    r = gw.fleet.get(replica)
+    return 0 if r is not None and r.info is not None and r.info.cache_report else None
+
+
 def _observe(gw: Gateway, rreq: RoutingRequest, decision: Decision, a: Attempt) -> None:
-    u = a.usage
+    u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
     outcome = Outcome(rreq, decision, a.ok, u.prompt_tokens, u.cached_tokens, a.ttft)
     gw.policy.observe(outcome)
     gw.index.observe(outcome)

@@ -35,6 +35,7 @@ class ReplicaInfo:
     hybrid: bool
     max_running_requests: int
     started_at: float
+    cache_report: bool = False  # --enable-cache-report: a usage without prompt_tokens_details means 0 cached
 
 
 def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
@@ -94,4 +95,5 @@ def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -
         hybrid=is_hybrid(model_info),
         max_running_requests=int(_num(info, "max_running_requests")),
         started_at=_num(info, "startup_time"),
+        cache_report=bool(info.get("enable_cache_report")),
     )

@@ -32,14 +32,28 @@ class RoutingConfig:
     storage_load_tokens_per_s: float = 20_000.0
     overhead_s: float = 0.05
     tie_rel_tol: float = 0.05  # predicted costs within 5% of the best are a tie (seeded draw among them)
+    tie_abs_s: float = 0.005  # ... and so are costs within 5 ms of it
     session_overload_factor: float = (
         2.0  # a session yields when its replica's queue > this x the fleet's best
     )
+
+    # learned service time (slot-wait term of the cost policy) when outcomes carry no end-to-end time
+    decode_s_per_token: float = 0.0073  # seconds per generated token at batch 1 (~137 tok/s)
+    default_new_tokens: int = 64  # assumed output length when the request sets no max tokens
+
+    # hot-spot guard of the cost policy: a replica whose in-flight requests would exceed this multiple of
+    # the fleet mean (and hot_min_inflight) sheds the request to the best other replica (0 disables)
+    hot_spill_factor: float = 1.3
+    hot_min_inflight: int = 8
+
+    # session affinity (routing.session): sessions remembered, least recently used forgotten first
+    max_sessions: int = 100_000
 
     # sglang-style cache_aware baseline (sglang-router 0.3.2 Python defaults)
     cache_threshold: float = 0.3
     balance_abs_threshold: int = 64
     balance_rel_threshold: float = 1.5
+    cache_aware_max_tree_chars: int = 1 << 26  # per replica, like sglang-router's --max-tree-size
 
     # least_load: load = prefill tokens in flight + this many tokens per in-flight request
     tokens_per_request: int = 256

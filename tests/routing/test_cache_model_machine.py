@@ -1,0 +1,163 @@
+"""State-machine test: CacheModel against the naive list-based reference (tests/routing/reference.py).
+
+Random fleets (capacities, write policies, hybrid flags, a global budget), random requests drawn from a
+few shared documents plus random tails, restarts and forgets; after every step the model's tiers must
+equal the reference's block for block, in LRU order, and every match must agree.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from routing.cache_model import LOAD_BACK_MIN_TOKENS, PREFETCH_MIN_TOKENS, CacheModel
+from routing.config import RoutingConfig
+from routing.types import Decision, PrefixMatch, Reason, ReplicaState, RoutingRequest, WritePolicy
+from tests.routing.reference import RefTiers
+
+REPLICAS = ("r0", "r1", "r2")
+POLICIES: tuple[WritePolicy | None, ...] = (None, "write_back", "write_through", "write_through_selective")
+DOCS = tuple(tuple(range(1000 * d, 1000 * d + 40)) for d in range(1, 5))
+
+
+def _chain(prefix: tuple[int, ...], tail: list[int]) -> tuple[int, ...]:
+    out, h = list(prefix), (prefix[-1] if prefix else 7)
+    for x in tail:
+        h = hash((h, x)) & 0xFFFFFFFFFFFF
+        out.append(h)
+    return tuple(out)
+
+
+requests = st.builds(
+    _chain,
+    st.sampled_from(DOCS).flatmap(lambda d: st.integers(0, len(d)).map(lambda k: d[:k])),
+    st.lists(st.integers(0, 2), max_size=25),
+).filter(bool)
+
+
+def _request(hashes: tuple[int, ...]) -> RoutingRequest:
+    return RoutingRequest(model="m", block_hashes=hashes, prompt_tokens=len(hashes) + 1, block_tokens=1.0)
+
+
+def _ref_tokens(g: int, h: int, s: int) -> PrefixMatch:
+    host, storage = float(h), float(s)
+    if 0 < host < LOAD_BACK_MIN_TOKENS:
+        host, storage = 0.0, 0.0
+    if storage < PREFETCH_MIN_TOKENS:
+        storage = 0.0
+    return PrefixMatch(float(g), host, storage)
+
+
+class CacheModelMachine(RuleBasedStateMachine):
+    @initialize(budget=st.sampled_from([10_000, 150]))
+    def start(self, budget: int) -> None:
+        self.budget = budget
+        self.model = CacheModel(RoutingConfig(block_chars=4, chars_per_token=4.0, model_budget_blocks=budget))
+        self.ref: dict[str, RefTiers] = {}
+        self.states: dict[str, ReplicaState] = {}
+        self.sync("r0", 12, 15, 300, "write_back", False, False)  # a storage tier behind a small host
+        self.sync("r1", 12, 30, 0, "write_through", False, False)
+        self.sync("r2", 12, 30, 300, "write_through_selective", False, False)
+
+    def _ref_resize(self) -> None:
+        raw = {rid: self._raw(s) for rid, s in self.states.items()}
+        total = sum(sum(v) for v in raw.values())
+        scale = min(1.0, self.budget / total) if total else 1.0
+        for rid, (g, h, s) in raw.items():
+            self.ref[rid].configure(
+                int(g * scale), int(h * scale), int(s * scale), self.states[rid].write_policy
+            )
+
+    @staticmethod
+    def _raw(state: ReplicaState) -> tuple[float, float, float]:
+        reusable = (
+            state.write_policy is not None
+            and state.host_tokens > 0
+            and not (state.hybrid and state.write_policy != "write_back")
+        )
+        return (
+            float(state.gpu_tokens),
+            float(state.host_tokens if reusable else 0),
+            float(state.storage_tokens if reusable else 0),
+        )
+
+    @rule(
+        rid=st.sampled_from(REPLICAS),
+        gpu=st.integers(0, 40),
+        host=st.integers(0, 80),
+        storage=st.sampled_from([0, 0, 300]),
+        policy=st.sampled_from(POLICIES),
+        hybrid=st.booleans(),
+        restart=st.booleans(),
+    )
+    def sync(
+        self,
+        rid: str,
+        gpu: int,
+        host: int,
+        storage: int,
+        policy: WritePolicy | None,
+        hybrid: bool,
+        restart: bool,
+    ) -> None:
+        old = self.states.get(rid)
+        started = (old.started_at + (1 if restart else 0)) if old else 1.0
+        state = ReplicaState(
+            id=rid,
+            gpu_tokens=gpu,
+            host_tokens=host,
+            storage_tokens=storage,
+            write_policy=policy,
+            hybrid=hybrid,
+            started_at=started,
+        )
+        self.model.sync([state])
+        if rid not in self.ref:
+            self.ref[rid] = RefTiers()
+        elif old is not None and old.started_at != started:
+            self.ref[rid].restart()
+        self.states[rid] = state
+        self._ref_resize()
+
+    @rule(rid=st.sampled_from(REPLICAS), hashes=requests)
+    def record(self, rid: str, hashes: tuple[int, ...]) -> None:
+        if rid not in self.states:
+            return
+        runs = self.ref[rid].runs(hashes)
+        self.model.record(_request(hashes), Decision(replica=rid, reason=Reason.LEAST_COST))
+        assert self.ref[rid].insert(hashes) == runs
+
+    @rule(hashes=requests)
+    def match(self, hashes: tuple[int, ...]) -> None:
+        got = self.model.match(_request(hashes), list(self.states.values()))
+        want = {rid: _ref_tokens(*self.ref[rid].runs(hashes)) for rid in self.states}
+        assert dict(got) == want
+
+    @rule(rid=st.sampled_from(REPLICAS))
+    def forget(self, rid: str) -> None:
+        self.model.forget(rid)
+        self.ref.pop(rid, None)
+        self.states.pop(rid, None)
+        self._ref_resize()
+
+    @invariant()
+    def tiers_equal_the_reference(self) -> None:
+        if not hasattr(self, "model"):
+            return
+        for rid, ref in self.ref.items():
+            tiers = self.model.tiers(rid)
+            assert tiers is not None
+            assert tiers.gpu.order() == ref.gpu.items
+            assert tiers.host.order() == ref.host.items
+            assert tiers.storage.order() == ref.storage.items
+            for lru in (tiers.gpu, tiers.host, tiers.storage):
+                assert len(lru) <= lru.capacity
+            if self.states[rid].write_policy is None:
+                assert len(tiers.host) == 0 and len(tiers.storage) == 0
+        assert self.model.blocks() <= self.budget
+        assert {rid for rid in REPLICAS if self.model.tiers(rid) is not None} == set(self.ref)
+
+
+CacheModelMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCacheModel = CacheModelMachine.TestCase

@@ -1,0 +1,110 @@
+"""Online rate learning: converges to the true rates, stays in bounds, resists outliers."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.config import RoutingConfig
+from routing.pipeline import Outcome
+from routing.rates import CharsPerToken, RateBook, robust_update
+from routing.types import Decision, Reason, RoutingRequest
+
+CFG = RoutingConfig(prefill_tokens_per_s=4000.0, host_load_tokens_per_s=100_000.0, overhead_s=0.05)
+
+
+def outcome(
+    prompt: int, cached: int, ttft: float, *, gpu: float = 0.0, host: float = 0.0, queue: float = 0.0
+) -> Outcome:
+    req = RoutingRequest(model="m", block_hashes=(), prompt_tokens=prompt, block_tokens=16.0)
+    breakdown = {"gpu_tokens": gpu, "host_tokens": host, "queue_s": queue}
+    decision = Decision(replica="a", reason=Reason.LEAST_COST, breakdown=breakdown)
+    return Outcome(
+        request=req, decision=decision, ok=True, prompt_tokens=prompt, cached_tokens=cached, ttft_s=ttft
+    )
+
+
+def test_prefill_rate_converges_to_the_observed_one() -> None:
+    book = RateBook(CFG)
+    for i in range(60):
+        tokens = 2000 + 100 * (i % 7)
+        book.observe(outcome(tokens, 0, 0.05 + 0.3 + tokens / 2000.0, queue=0.3))
+    assert book.get("a").prefill_tokens_per_s == pytest.approx(2000.0, rel=0.05)
+
+
+def test_host_rate_is_learned_from_reloads_beyond_the_gpu_run() -> None:
+    book = RateBook(CFG)
+    for _ in range(60):
+        book.observe(outcome(40_000, 39_990, 0.05 + 39_000 / 50_000.0, gpu=990.0, host=39_000.0))
+    rates = book.get("a")
+    assert rates.host_tokens_per_s == pytest.approx(50_000.0, rel=0.05)
+    assert rates.prefill_tokens_per_s == 4000.0
+
+
+def test_overhead_is_learned_from_small_requests() -> None:
+    book = RateBook(CFG)
+    for _ in range(60):
+        book.observe(outcome(100, 50, 0.1 + 50 / 4000.0))
+    assert book.get("a").overhead_s == pytest.approx(0.1, rel=0.05)
+
+
+def test_estimates_stay_within_bounds_and_one_outlier_moves_them_little() -> None:
+    book = RateBook(CFG)
+    for _ in range(100):
+        book.observe(outcome(4000, 0, 0.05 + 4000 / 10.0))  # absurdly slow replica
+    assert book.get("a").prefill_tokens_per_s == pytest.approx(0.2 * 4000.0)
+    assert book.get("b").prefill_tokens_per_s == pytest.approx(0.2 * 4000.0)  # unsampled: the fleet's
+    assert robust_update(100.0, 1e9, 100.0) == pytest.approx(120.0)  # clipped to 2x, then alpha 0.2
+
+
+def test_failed_or_untimed_outcomes_teach_nothing() -> None:
+    book = RateBook(CFG)
+    o = outcome(4000, 0, 10.0)
+    book.observe(Outcome(request=o.request, decision=o.decision, ok=False, ttft_s=10.0))
+    book.observe(Outcome(request=o.request, decision=o.decision, ok=True, ttft_s=None))
+    assert book.own("a") is None and book.get("a").prefill_tokens_per_s == 4000.0
+
+
+def test_service_time_follows_ttft_plus_decode() -> None:
+    cfg = RoutingConfig(decode_s_per_token=0.01, default_new_tokens=100, overhead_s=0.05)
+    book = RateBook(cfg)
+    for _ in range(50):
+        book.observe(outcome(100, 0, 0.5))
+    assert book.get("a").service_s == pytest.approx(0.5 + 100 * 0.01, rel=0.05)
+
+
+def test_chars_per_token_converges_and_ignores_tiny_prompts() -> None:
+    cpt = CharsPerToken(4.0)
+    cpt.observe(1000, 3)
+    assert cpt.value == 4.0
+    for _ in range(50):
+        cpt.observe(3000, 1000)
+    assert cpt.value == pytest.approx(3.0, rel=0.02)
+
+
+def test_a_replica_is_shrunk_toward_the_fleet_until_it_has_its_own_samples() -> None:
+    book = RateBook(CFG)
+    book.observe(outcome(4000, 0, 0.05 + 4000 / 20_000.0))  # one fast sample on replica "a"
+    a, b = book.get("a").prefill_tokens_per_s, book.get("b").prefill_tokens_per_s
+    assert a == pytest.approx(b)  # one sample is no evidence that "a" is faster than "b"
+    fast = [outcome(4000, 0, 0.05 + 4000 / 8000.0) for _ in range(200)]
+    for o in fast:
+        book.observe(o)
+    slow = Outcome(
+        fast[0].request, Decision(replica="c", reason=Reason.LEAST_COST), True, 4000, 0, 0.05 + 1.0
+    )
+    for _ in range(200):
+        book.observe(slow)
+    own_a = book.own("a")
+    assert own_a is not None and own_a.prefill_tokens_per_s == pytest.approx(8000.0, rel=0.05)
+    assert book.get("a").prefill_tokens_per_s > 1.5 * book.get("c").prefill_tokens_per_s
+
+
+def test_chars_per_token_from_outcomes_recovers_the_canonical_length() -> None:
+    cpt = CharsPerToken(4.0)
+    req = RoutingRequest(model="m", block_hashes=(), prompt_tokens=1000, block_tokens=64.0)  # 4000 bytes
+    o = Outcome(
+        request=req, decision=Decision(replica="a", reason=Reason.LEAST_COST), ok=True, prompt_tokens=1250
+    )
+    for _ in range(50):
+        cpt.observe_outcome(o, block_chars=256)
+    assert cpt.value == pytest.approx(3.2, rel=0.02)

@@ -14,7 +14,9 @@ Request path (all O(matched length / page_size), no scans of the whole tree):
 2. ``admit`` checks that the GPU can hold the host load, the storage prefetch and the reservation after
    evicting every unlocked page (else ``None``, nothing changed); then it splits a partly matched node,
    locks the path, evicts, loads host pages back (the host copy stays), prefetches storage pages as a new
-   node and reserves room.
+   node and reserves room. The engine sizes the reservation with ``match`` first, so the last lookup of a
+   prompt tuple is remembered and reused until anything it depends on changes (every tree mutation and
+   every storage write clears it): one walk per admission, not two.
 3. ``finish`` releases the reservation, inserts prompt + output (whole pages), applies the write policy
    (hit counts), and unlocks. ``abort`` only releases.
 
@@ -52,6 +54,16 @@ class _Lookup:
     storage: list[PageHash]  # pages to prefetch, in order
 
 
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """The last lookup and what it depended on besides the tree (which clears it on every change)."""
+
+    tokens: tuple[int, ...]
+    extra_key: str | None
+    storage: int  # the storage tier's version
+    lookup: _Lookup
+
+
 class RadixCache:
     """One replica's KV cache. See the module docstring for the algorithm."""
 
@@ -63,6 +75,7 @@ class RadixCache:
         self._threshold = 1 if config.write_policy == "write_through" else 2
         self._generation = 0
         self._totals = dict.fromkeys(_TOTALS, 0)
+        self._memo: _Memo | None = None
         self._reset()
 
     # ---- public API -------------------------------------------------------------------------------
@@ -78,16 +91,18 @@ class RadixCache:
             pinned += lk.partial_pages
         if need > self.tree.gpu_free() + self.tree.evictable - pinned or not self.anchors.can_run(lk.path):
             return None
+        self._memo = None
+        path = list(lk.path)
         if lk.partial is not None:
-            lk.path.append(self.tree.split(lk.partial, lk.partial_pages))
-        deepest = lk.path[-1] if lk.path else self.tree.root(extra_key)
+            path.append(self.tree.split(lk.partial, lk.partial_pages))
+        deepest = path[-1] if path else self.tree.root(extra_key)
         self.tree.lock(deepest)
-        for n in lk.path:
+        for n in path:
             self.tree.touch(n)
         anchor = deepest
         self.anchors.start_request(anchor)
         self._evict_gpu(need)
-        for n in lk.path:
+        for n in path:
             if not n.gpu:
                 self.tree.set_gpu(n, True)
         if lk.storage:
@@ -106,6 +121,7 @@ class RadixCache:
         more = self.tree.pages_for(lock.reserved_tokens + tokens) - self.tree.pages_for(lock.reserved_tokens)
         if more > self.tree.gpu_free() + self.tree.evictable:
             return False
+        self._memo = None
         self._evict_gpu(more)
         self.tree.reserved += more
         lock.reserved_tokens += tokens
@@ -164,6 +180,23 @@ class RadixCache:
 
     # ---- lookup -----------------------------------------------------------------------------------
     def _lookup(self, tokens: Sequence[int], extra_key: str | None) -> _Lookup:
+        """The lookup of ``tokens``, reused when the same prompt object is looked up again (``match`` then
+        ``admit``) and neither the cache nor its storage changed in between; every mutation clears it."""
+        storage = self.cfg.storage.version if self.cfg.storage is not None else 0
+        memo = self._memo
+        if (
+            memo is not None
+            and memo.tokens is tokens
+            and memo.extra_key == extra_key
+            and memo.storage == storage
+        ):
+            return memo.lookup
+        lk = self._walk(tokens, extra_key)
+        if isinstance(tokens, tuple):  # immutable: identity implies the same content
+            self._memo = _Memo(tokens, extra_key, storage, lk)
+        return lk
+
+    def _walk(self, tokens: Sequence[int], extra_key: str | None) -> _Lookup:
         usable = max(len(tokens) - 1, 0) // self.page * self.page
         key = tuple(tokens[:usable])
         path, partial, ppages = self.tree.walk(self.tree.roots.get(extra_key), key)
@@ -223,6 +256,7 @@ class RadixCache:
 
     # ---- insert (cache_finished_req) --------------------------------------------------------------
     def _insert(self, tokens: Sequence[int], extra_key: str | None) -> None:
+        self._memo = None
         p = self.page
         key = tuple(tokens[: self.anchors.insert_length(len(tokens) // p * p, p)])
         root = self.tree.root(extra_key)
@@ -308,6 +342,7 @@ class RadixCache:
 
     # ---- state ------------------------------------------------------------------------------------
     def _reset(self) -> None:
+        self._memo = None
         self.tree = Tree(self.page, self._gpu_cap, self._host_cap)
         self.anchors = Anchors(self.cfg, self._evict_leaf, self.tree.delete)
         self.tree.watcher = self.anchors

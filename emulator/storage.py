@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,20 +36,47 @@ ROOT_HASH: PageHash = b""
 
 def chain_hash(parent: PageHash, page: Sequence[int], extra_key: str | None) -> PageHash:
     """SHA-256(parent ‖ token ids as 4-byte little-endian ‖ extra_key), truncated to 16 bytes."""
-    h = hashlib.sha256(parent)
-    h.update(b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in page))
-    if extra_key is not None:
-        h.update(b"\x00" + extra_key.encode("utf-8", "surrogatepass"))
-    return h.digest()[:16]
+    return hashlib.sha256(parent + token_bytes(page) + _suffix(extra_key)).digest()[:16]
 
 
 def chain_hashes(
     parent: PageHash, tokens: Sequence[int], page_size: int, extra_key: str | None
 ) -> Iterator[PageHash]:
-    """Lazily yield the chained hashes of the whole pages of ``tokens`` following ``parent``."""
-    for start in range(0, len(tokens) - page_size + 1, page_size):
-        parent = chain_hash(parent, tokens[start : start + page_size], extra_key)
-        yield parent
+    """Lazily yield the chained hashes of the whole pages of ``tokens`` following ``parent``.
+
+    Tokens are packed to bytes a batch of pages at a time (so a caller that stops at the first page
+    missing from storage pays for about one batch), then each page is one SHA-256 over a byte slice.
+    """
+    suffix, sha256 = _suffix(extra_key), hashlib.sha256
+    width = 4 * page_size
+    batch = max(1, _BATCH_TOKENS // page_size) * page_size
+    whole = len(tokens) // page_size * page_size
+    for start in range(0, whole, batch):
+        data = token_bytes(tokens[start : min(start + batch, whole)])
+        for i in range(0, len(data), width):
+            parent = sha256(parent + data[i : i + width] + suffix).digest()[:16]
+            yield parent
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """Token ids as 4-byte little-endian words (each taken modulo 2**32)."""
+    try:
+        words = array("I", tokens)
+    except (OverflowError, TypeError):
+        words = array("I", [t & 0xFFFFFFFF for t in tokens])
+    if words.itemsize != 4:  # pragma: no cover - platforms whose C unsigned int is not 32 bits
+        return b"".join((t & 0xFFFFFFFF).to_bytes(4, "little") for t in tokens)
+    if sys.byteorder == "big":  # pragma: no cover
+        words.byteswap()
+    return words.tobytes()
+
+
+def _suffix(extra_key: str | None) -> bytes:
+    return b"" if extra_key is None else b"\x00" + extra_key.encode("utf-8", "surrogatepass")
+
+
+_BATCH_TOKENS = 4096
+"""Tokens packed per batch in ``chain_hashes``."""
 
 
 class Storage:
@@ -60,6 +89,7 @@ class Storage:
         self._pages: OrderedDict[PageHash, int] = OrderedDict()
         self._used = 0
         self.evicted_tokens_total = 0
+        self.version = 0  # bumped whenever the set of pages may have changed
 
     @property
     def used_tokens(self) -> int:
@@ -88,14 +118,21 @@ class Storage:
 
     def put(self, hashes: Iterable[PageHash], page_tokens: int) -> int:
         """Store pages of ``page_tokens`` tokens each, evict LRU pages beyond capacity; returns #new pages."""
-        added: list[PageHash] = []
-        for h in hashes:
-            if h in self._pages:
-                self._pages.move_to_end(h)
-            elif page_tokens <= self.capacity_tokens:
-                self._pages[h] = page_tokens
-                self._used += page_tokens
-                added.append(h)
+        pages, fits = self._pages, page_tokens <= self.capacity_tokens
+        new = list(hashes)
+        if fits and pages.keys().isdisjoint(new) and len(set(new)) == len(new):
+            pages.update(dict.fromkeys(new, page_tokens))  # all new (the usual backup): in bulk
+            added = new
+        else:
+            added = []
+            for h in new:
+                if h in pages:
+                    pages.move_to_end(h)
+                elif fits:
+                    pages[h] = page_tokens
+                    added.append(h)
+        self._used += len(added) * page_tokens
+        self.version += 1
         evicted = self._evict()
         self._record(added, evicted)
         return len(added)
@@ -103,6 +140,7 @@ class Storage:
     def clear(self) -> None:
         self._pages.clear()
         self._used = 0
+        self.version += 1
         self._record_clear()
 
     def _evict(self) -> list[PageHash]:
@@ -119,6 +157,18 @@ class Storage:
 
     def _record_clear(self) -> None:
         """Persistence hook (nothing to do in memory)."""
+
+
+def _log_lines(sign: str, hashes: Sequence[PageHash], tail: str) -> str:
+    """One log line ``{sign}{hex}{tail}`` per hash. Hashes of one length (16 bytes: all the cache makes)
+    are hex-encoded in one call that puts a newline between hashes, which then becomes the line break."""
+    if not hashes:
+        return ""
+    width = len(hashes[0])
+    if width and set(map(len, hashes)) == {width}:
+        text = b"".join(hashes).hex("\n", width).replace("\n", f"{tail}\n{sign}")
+        return f"{sign}{text}{tail}\n"
+    return "".join(f"{sign}{h.hex()}{tail}\n" for h in hashes)
 
 
 class FileStorage(Storage):
@@ -160,11 +210,13 @@ class FileStorage(Storage):
     def _record(self, added: Sequence[PageHash], evicted: Sequence[PageHash]) -> None:
         if not added and not evicted:
             return
-        lines = [f"+{h.hex()} {self._pages.get(h, 0)}\n" for h in added if h in self._pages]
-        lines += [f"-{h.hex()}\n" for h in evicted]
+        pages = self._pages
+        kept = [h for h in added if h in pages] if evicted else added
+        tail = f" {pages[kept[0]]}" if kept else ""  # every page of one put has the same size
+        text = _log_lines("+", kept, tail) + _log_lines("-", evicted, "")
         with self._log_path.open("a", encoding="ascii") as f:
-            f.writelines(lines)
-        self._log_lines += len(lines)
+            f.write(text)
+        self._log_lines += len(kept) + len(evicted)
         if self._log_lines > 4 * len(self._pages) + 1024:
             self._compact()
 

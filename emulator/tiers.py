@@ -240,7 +240,7 @@ class Tree:
             if child is None:
                 break
             n = len(child.key)
-            if key[pos : pos + n] != child.key:
+            if n > len(key) - pos or key[pos : pos + n] != child.key:
                 return path, child, _common_pages(child.key, key, pos, p)
             path.append(child)
             node, pos = child, pos + n
@@ -353,14 +353,39 @@ class Tree:
         return self._uid
 
 
+_CHUNK = 1024
+"""Tokens compared per slice in ``_common_pages`` (large enough to amortise the loop, small enough that
+the search inside a differing chunk is cheap)."""
+
+
 def _common_pages(node_key: tuple[int, ...], key: tuple[int, ...], pos: int, page: int) -> int:
-    """Whole pages shared by ``node_key`` and ``key[pos:]`` (the first page is known to match): binary
-    search on prefix equality, so O(log n) slice comparisons done in C."""
-    lo, hi = 1, min(len(node_key), len(key) - pos) // page
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if node_key[: mid * page] == key[pos : pos + mid * page]:
-            lo = mid
+    """Whole pages shared by ``node_key`` and ``key[pos:]`` (the first page is known to match).
+
+    A linear scan in chunks of about ``_CHUNK`` tokens (each a slice comparison done in C, which stops at
+    the first differing token), then a binary search over the pages of the first chunk that differs: the
+    work is proportional to the shared length, not to ``log(n)`` comparisons of the whole edge.
+    """
+    end = min(len(node_key), len(key) - pos) // page * page
+    step = max(1, _CHUNK // page) * page
+    lo = 0
+    while lo < end:
+        hi = min(lo + step, end)
+        if node_key[lo:hi] != key[pos + lo : pos + hi]:
+            return _first_differing_page(node_key, key, pos, page, lo, hi)
+        lo = hi
+    return end // page
+
+
+def _first_differing_page(
+    node_key: tuple[int, ...], key: tuple[int, ...], pos: int, page: int, lo: int, hi: int
+) -> int:
+    """Pages shared when ``[0, lo)`` is known to match and ``[lo, hi)`` is known to differ somewhere."""
+    good, bad = lo // page, hi // page  # pages [0, good) match; some page in [good, bad) differs
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        a, b = good * page, mid * page
+        if node_key[a:b] == key[pos + a : pos + b]:
+            good = mid
         else:
-            hi = mid - 1
-    return lo
+            bad = mid
+    return good

@@ -58,14 +58,25 @@ _SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "be", "do", "fu", 
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
 
+class _PieceIds(dict[str, int]):
+    """piece -> id, computed on first sight (``__missing__``), so ``map(ids.__getitem__, pieces)`` runs in
+    C for every piece seen before and equal pieces get the very same int object."""
+
+    def __missing__(self, piece: str) -> int:
+        i = self[piece] = PseudoTokenizer.piece_id(piece)
+        return i
+
+
 class PseudoTokenizer:
-    """Text <-> token ids, deterministic across processes; ``cache_size`` bounds the id -> piece LRU."""
+    """Text <-> token ids, deterministic across processes; ``cache_size`` bounds the id -> piece LRU
+    (and the piece -> id memo, which is dropped whenever it grows past that size)."""
 
     vocab_size = VOCAB_SIZE
 
     def __init__(self, cache_size: int = 1 << 18) -> None:
         self._cache_size = cache_size
         self._pieces: OrderedDict[int, str] = OrderedDict()
+        self._ids = _PieceIds()
 
     @staticmethod
     def pieces(text: str) -> list[str]:
@@ -79,16 +90,24 @@ class PseudoTokenizer:
         return int(xxhash.xxh32_intdigest(piece.encode("utf-8", "surrogatepass"), _SEED)) % _ORDINARY_IDS
 
     def encode(self, text: str) -> list[int]:
-        ids = []
+        pieces = _PIECE_RE.findall(text)
+        if len(self._ids) > self._cache_size:
+            self._ids.clear()
+        ids = list(map(self._ids.__getitem__, pieces))
+        self._remember(ids, pieces)
+        return ids
+
+    def _remember(self, ids: list[int], pieces: list[str]) -> None:
+        """Update the id -> piece LRU as if each (id, piece) were stored and moved to the end in turn:
+        each id ends up holding its last piece, ordered by its last occurrence; done per distinct id."""
         cache = self._pieces
-        for piece in _PIECE_RE.findall(text):
-            i = self.piece_id(piece)
-            cache[i] = piece
+        last_piece = dict(zip(ids, pieces, strict=True))  # a later pair overwrites: the last piece wins
+        by_last_use = list(dict.fromkeys(reversed(ids)))  # latest first
+        for i in reversed(by_last_use):
+            cache[i] = last_piece[i]
             cache.move_to_end(i)
-            ids.append(i)
         while len(cache) > self._cache_size:
             cache.popitem(last=False)
-        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self._piece(i) for i in ids)

@@ -2,13 +2,24 @@
 
 Seed 1 (2x RTX 3090, hybrid GDN model, 40K-token context): write_back gives cold 15.4 s → host 0.4 s →
 GPU 0.1 s; write_through on the hybrid model re-sends as slowly as cold. The time scale makes a cold 40K
-prefill take ~1 s of real time. TTFTs are checked twice: from wall time (median of three documents) and
-from each response's `cached_tokens_details` through the timing model.
+prefill take ~1.5 s of real time. TTFTs are checked twice:
+
+- from each response's `cached_tokens_details` through the timing model: deterministic, so every sample
+  must match the seed tightly;
+- from wall time, converted back to modelled seconds ((wall - transport floor) / time scale). Noise on a
+  busy machine (another process taking the CPU, a late event-loop wake-up) only ever *adds* time, so each
+  phase is measured as the minimum over several sends (the standard way to measure a floor under noise)
+  and checked against a window that is tight below and wider above on the fast paths, where a few ms of
+  scheduling delay are a large fraction. The windows stay disjoint (GPU < 0.25 s < host 0.32-0.7 s <
+  cold 12.3 s), so a tier that answers at another tier's speed still fails.
+
+The GPU holds two documents, so with three documents re-sent in turn each re-send finds its document
+evicted to host (write_back backs it up on eviction): every host re-send is a real reload. Hybrid models
+cut a document into a node per 256 tokens and evict node by node, so they use four documents.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import aiohttp
@@ -18,10 +29,15 @@ import pytest
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 from tests.emulator.conftest import StartEmu
 
-SCALE = 0.1  # a cold 40K prefill (15.4 s modelled) takes ~1.5 s
+SCALE = 0.1  # a cold 40K prefill (15.4 s modelled) takes ~1.5 s; a GPU hit ~11 ms
 DOC = 40_000
+DOCS = 3  # two fit on the GPU (--max-total-tokens 100000): the third evicts the least recently used
+HYBRID_DOCS = 4  # hybrid nodes are cut every 256 tokens and evicted node by node: one more to evict wholly
 SEED_TTFT = {"cold": 15.4, "host": 0.4, "gpu": 0.1}
+MODELLED_TOL = {"cold": 0.05, "host": 0.1, "gpu": 0.1}  # every sample, from cached_tokens_details
+WALL_WINDOW = {"cold": (0.8, 1.2), "host": (0.8, 1.75), "gpu": (0.8, 2.5)}  # x seed, min over sends
 PRESSURE = ("--max-total-tokens", "100000", "--page-size", "16", "--emu-time-scale", str(SCALE))
+HYBRID = ("--emu-hybrid", "--mamba-scheduler-strategy", "extra_buffer", "--max-mamba-cache-size", "15")
 
 
 def doc(i: int) -> bytes:
@@ -54,37 +70,72 @@ def modelled(meta: dict[str, object], hicache: bool = True) -> float:
     return ttft_seconds(timing, int(str(meta["prompt_tokens"])), cached, int(details["host"]), 0)
 
 
-async def transport_floor(http: aiohttp.ClientSession, url: str) -> float:
-    """Real seconds a request spends outside the modelled timeline (loopback, HTTP, loop wake-up).
+TINY = orjson.dumps(
+    {"input_ids": list(range(7, 71)), "sampling_params": {"max_new_tokens": 2}, "stream": True}
+)
 
-    Measured on a tiny GPU-hit request: its wall TTFT minus its modelled TTFT x time scale.
+
+class Probe:
+    """Wall-derived and modelled TTFTs (modelled seconds) per phase of one replica's probe.
+
+    The transport floor is the real time a request spends outside the modelled timeline (loopback, HTTP,
+    loop wake-ups): wall TTFT minus modelled TTFT x time scale of tiny GPU-hit requests, sampled before
+    the cold phase and again before the fast phases, and taken as the minimum over all samples (the same
+    statistic as the phases it is subtracted from; one burst of load cannot inflate it).
     """
-    body = orjson.dumps(
-        {"input_ids": list(range(7, 71)), "sampling_params": {"max_new_tokens": 2}, "stream": True}
-    )
-    floors = []
-    for _ in range(6):
-        wall, meta = await send(http, url, body)
-        floors.append(wall - modelled(meta) * SCALE)
-    return max(0.0, statistics.median(floors[1:]))
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http, self.url = http, url
+        self.floors: list[float] = []
+        self.raw: dict[str, list[float]] = {}  # wall seconds to the first token
+        self.model: dict[str, list[float]] = {}
+
+    async def sample_floor(self, n: int = 6) -> None:
+        for _ in range(n):
+            wall, meta = await send(self.http, self.url, TINY)
+            self.floors.append(wall - modelled(meta) * SCALE)
+
+    @property
+    def floor(self) -> float:
+        return max(0.0, min(self.floors))
+
+    async def send(self, phase: str, i: int) -> None:
+        wall, meta = await send(self.http, self.url, doc(i))
+        self.raw.setdefault(phase, []).append(wall)
+        self.model.setdefault(phase, []).append(modelled(meta))
+
+    def wall(self, phase: str) -> list[float]:
+        return [(w - self.floor) / SCALE for w in self.raw[phase]]
+
+    def best(self, phase: str) -> float:
+        return min(self.wall(phase))
+
+    def report(self, name: str) -> None:
+        print(f"{name}: floor {self.floor * 1000:.1f} ms of {[round(f * 1000, 1) for f in self.floors]}")
+        for phase in self.raw:
+            wall, model = ([round(x, 3) for x in xs] for xs in (self.wall(phase), self.model[phase]))
+            print(f"  {phase}: wall {wall} modelled {model}")
+
+    def check_modelled(self, phase: str, seed: str) -> None:
+        """Every sample's modelled TTFT matches the seed (no noise here: no margin beyond the model's)."""
+        tol = MODELLED_TOL[seed]
+        assert all(within(m, SEED_TTFT[seed], tol) for m in self.model[phase]), (phase, self.model[phase])
+
+    def check_wall(self, phase: str, seed: str) -> None:
+        lo, hi = WALL_WINDOW[seed]
+        best = self.best(phase)
+        assert lo * SEED_TTFT[seed] <= best <= hi * SEED_TTFT[seed], (phase, best, self.wall(phase))
 
 
-async def probe(http: aiohttp.ClientSession, url: str, probes: int, pressure: int) -> dict[str, list[float]]:
-    """Per phase: TTFT from wall time minus the transport floor (modelled s), and from cached tokens."""
-    out: dict[str, list[float]] = {k: [] for k in ("cold", "host", "gpu", "m_cold", "m_host", "m_gpu")}
-    floor = await transport_floor(http, url)
-    out["floor_ms"] = [floor * 1000]
-    for i in range(probes + pressure):
-        wall, meta = await send(http, url, doc(i))
-        out["cold"].append((wall - floor) / SCALE)
-        out["m_cold"].append(modelled(meta))
-    for phase, docs in (("host", range(probes)), ("gpu", [probes - 1] * 5)):
-        for i in docs:
-            wall, meta = await send(http, url, doc(i))
-            out[phase].append((wall - floor) / SCALE)
-            out[f"m_{phase}"].append(modelled(meta))
-            out.setdefault(f"meta_{phase}", []).append(float(str(meta["cached_tokens"])))
-    return out
+async def start_probe(http: aiohttp.ClientSession, url: str, docs: int) -> Probe:
+    """A probe that sent ``docs`` documents cold, with floor samples before and after them."""
+    p = Probe(http, url)
+    await send(http, url, TINY)  # warm-up: first connection, first request
+    await p.sample_floor()
+    for i in range(docs):
+        await p.send("cold", i)
+    await p.sample_floor()
+    return p
 
 
 def within(measured: float, expected: float, tol: float = 0.2) -> bool:
@@ -93,30 +144,34 @@ def within(measured: float, expected: float, tol: float = 0.2) -> bool:
 
 async def test_write_back_cold_host_gpu(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
     emu = await emulator(*PRESSURE, "--enable-hierarchical-cache", "--hicache-write-policy", "write_back")
-    r = await probe(http, emu.url, probes=3, pressure=2)
-    cold, host, gpu = (statistics.median(r[k]) for k in ("cold", "host", "gpu"))
-    floor = r["floor_ms"][0]
-    print({k: [round(x, 3) for x in v] for k, v in r.items()})
-    print(f"write_back probe TTFT (modelled s, wall, floor {floor:.1f} ms): {cold:.2f} {host:.3f} {gpu:.3f}")
-    assert cold > host > gpu
-    assert within(cold / host, SEED_TTFT["cold"] / SEED_TTFT["host"])
-    assert within(host / gpu, SEED_TTFT["host"] / SEED_TTFT["gpu"])
-    m_cold, m_host, m_gpu = (statistics.median(r[k]) for k in ("m_cold", "m_host", "m_gpu"))
-    assert within(m_cold, 15.4, 0.05) and within(m_host, 0.4, 0.05) and within(m_gpu, 0.1, 0.1)
-    stats = emu.replica.engine.cache.stats()
-    assert stats.load_back_tokens_total >= 3 * (DOC - 16)
+    p = await start_probe(http, emu.url, DOCS)
+    for k in range(2 * DOCS):  # each re-send reloads its document from host, evicting the LRU one
+        await p.send("host", k % DOCS)
+    for _ in range(6):
+        await p.send("gpu", (2 * DOCS - 1) % DOCS)
+    p.report("write_back probe (modelled s)")
+    for phase in ("cold", "host", "gpu"):
+        p.check_modelled(phase, phase)
+        p.check_wall(phase, phase)
+    assert emu.replica.engine.cache.stats().load_back_tokens_total >= 2 * DOCS * (DOC - 16)
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 async def test_hybrid_write_policies(emulator: StartEmu, http: aiohttp.ClientSession, policy: str) -> None:
-    hybrid = ("--emu-hybrid", "--mamba-scheduler-strategy", "extra_buffer", "--max-mamba-cache-size", "15")
-    emu = await emulator(*PRESSURE, *hybrid, "--enable-hierarchical-cache", "--hicache-write-policy", policy)
-    r = await probe(http, emu.url, probes=1, pressure=3)
-    resend, cold = r["host"][0], statistics.median(r["cold"])
-    print(f"hybrid {policy}: cold {cold:.2f} re-send {resend:.3f} (modelled s from wall time)")
+    emu = await emulator(*PRESSURE, *HYBRID, "--enable-hierarchical-cache", "--hicache-write-policy", policy)
+    p = await start_probe(http, emu.url, HYBRID_DOCS)
+    p.check_modelled("cold", "cold")
+    p.check_wall("cold", "cold")
     stats = emu.replica.engine.cache.stats()
     if policy == "write_through":
-        assert within(resend, cold)  # the seed: re-send as slow as cold although the host pool filled
+        await p.send("resend", 0)  # evicted from GPU; its host KV has no usable recurrent state
+        p.report("hybrid write_through (modelled s)")
+        p.check_modelled("resend", "cold")  # the seed: re-send as slow as cold although the host pool filled
+        assert within(p.best("resend"), p.best("cold"))
         assert stats.host_used > 2 * DOC
     else:
-        assert within(cold / resend, SEED_TTFT["cold"] / SEED_TTFT["host"])
+        for k in range(HYBRID_DOCS):  # in turn: each was evicted to host with its recurrent state
+            await p.send("resend", k)
+        p.report("hybrid write_back (modelled s)")
+        p.check_modelled("resend", "host")
+        p.check_wall("resend", "host")

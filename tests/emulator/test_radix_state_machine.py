@@ -256,7 +256,8 @@ class CacheMachine(RuleBasedStateMachine):
             )
         )
         self.ref = Reference(gpu, host, page, hicache, policy, threshold)
-        self.seen: set[tuple[str | None, tuple[int, ...]]] = set()
+        self.seen: dict[tuple[str | None, tuple[int, ...]], tuple[int, ...]] = {}
+        self.last_matched: tuple[str | None, tuple[int, ...]] | None = None
         self.pairs: dict[int, RefAdmission] = {}
 
     @rule(
@@ -268,16 +269,17 @@ class CacheMachine(RuleBasedStateMachine):
     def admit(
         self, tokens: list[int], ns: str | None, out: int
     ) -> tuple[Admission | None, list[int], str | None]:
-        m = self.cache.match(tokens, ns)
+        prompt = self.prompt(ns, tokens)  # a tuple, as the engine passes it: admit reuses match's lookup
+        self.last_matched = (ns, prompt)
+        m = self.cache.match(prompt, ns)
         reserve = len(tokens) - m.total + out
-        adm = self.cache.admit(tokens, ns, reserve)
+        adm = self.cache.admit(prompt, ns, reserve)
         ref = self.ref.admit(tokens, ns, reserve)
         assert (adm is None) == (ref is None)
         if adm is not None and ref is not None:
             assert (adm.gpu_hit_tokens, adm.host_loaded_tokens) == ref
             assert adm.cached_tokens <= len(tokens) - 1
             self.pairs[id(adm)] = self.ref.active[-1]
-        self.seen.add((ns, tuple(tokens)))
         return adm, tokens, ns
 
     @rule(item=consumes(admissions), output=st.lists(st.integers(0, 2), max_size=4))
@@ -291,7 +293,7 @@ class CacheMachine(RuleBasedStateMachine):
         if self.ref.release(ref):
             self.ref.insert(full, ns)
             self.ref.lock(ref.node, -1)
-        self.seen.add((ns, tuple(full)))
+        self.prompt(ns, full)
 
     @rule(item=consumes(admissions))
     def abort(self, item: tuple[Admission | None, list[int], str | None]) -> None:
@@ -334,6 +336,11 @@ class CacheMachine(RuleBasedStateMachine):
             adm.live = False
         self.ref.active.clear()
 
+    def prompt(self, ns: str | None, tokens: list[int]) -> tuple[int, ...]:
+        """The one tuple object used for these tokens (the cache memoises its last lookup by identity)."""
+        t = tuple(tokens)
+        return self.seen.setdefault((ns, t), t)
+
     @invariant()
     def pools_agree_and_fit(self) -> None:
         if not hasattr(self, "cache"):
@@ -343,10 +350,13 @@ class CacheMachine(RuleBasedStateMachine):
         assert (s.gpu_cached, s.host_used) == (ref.gpu_used() * p, ref.host_used() * p)
         assert s.gpu_used == (ref.gpu_used() + ref.reserved) * p
         assert s.gpu_evictable == ref.evictable() * p
-        for ns, tokens in self.seen:
-            m = self.cache.match(list(tokens), ns)
+        # The same tuple objects every time, the last one matched first: the cache memoises its last
+        # lookup of a tuple, so a memo that outlived a mutation by the rule just run shows up here.
+        for ns, tokens in sorted(self.seen, key=lambda seen: seen != self.last_matched):
+            m = self.cache.match(tokens, ns)
             _, _, _, g, h = ref.lookup(list(tokens), ns)
             assert (m.gpu_tokens, m.host_tokens, m.storage_tokens) == (g, h, 0)
+            self.last_matched = (ns, tokens)
 
     @invariant()
     def tree_is_closed_and_bookkeeping_is_exact(self) -> None:

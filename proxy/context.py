@@ -20,7 +20,8 @@ from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
 from proxy.settings import Settings
 from proxy.upstream import Upstream
-from routing.pipeline import FleetSync, NoCandidates, Policy, PrefixIndex
+from routing.pipeline import FleetSync, NoCandidates, Outcome, Policy, PrefixIndex
+from routing.rates import CharsPerToken
 from routing.types import NO_MATCH, Candidate, Decision, RoutingRequest
 
 log = logging.getLogger("kvroute.gateway")
@@ -51,6 +52,7 @@ class Gateway:
     policy: Policy
     index: PrefixIndex
     metrics: GatewayMetrics
+    chars_per_token: CharsPerToken
     background: Background = field(default_factory=Background)
     upstream: Upstream | None = None  # set by the session cleanup_ctx
 
@@ -82,6 +84,20 @@ class Gateway:
             ) from None
         self.metrics.decisions.labels(self.policy.name, decision.reason.value).inc()
         return decision
+
+    def learn(self, outcome: Outcome, hashed: bool) -> None:
+        """Step 6 of the data flow: feed what the replica reported back to the policy and the model."""
+        self.policy.observe(outcome)
+        self.index.observe(outcome)
+        if hashed:
+            self.chars_per_token.observe_outcome(outcome, self.settings.routing.block_chars)
+
+    def forget(self, replica: str) -> None:
+        """A replica left the fleet or restarted: drop what the model and the policy knew of it."""
+        self.index.forget(replica)
+        forget = getattr(self.policy, "forget", None)
+        if callable(forget):
+            forget(replica)
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)

@@ -24,6 +24,7 @@ from typing import Any
 from proxy.errors import UpstreamError
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 from proxy.upstream import Upstream
+from routing.tiers import tier_warnings
 from routing.types import ReplicaId, ReplicaState
 
 log = logging.getLogger("kvroute.fleet")
@@ -90,6 +91,7 @@ class Replica:
             "hybrid": i.hybrid if i else None,
             "started_at": i.started_at if i else None,
             "last_error": self.last_error,
+            "warnings": list(tier_warnings(self.state())) if i else [],
         }
 
 
@@ -212,6 +214,9 @@ class Fleet:
             model_info = {}
         new = parse_replica_info(info, model_info if isinstance(model_info, dict) else {})
         old, replica.info = replica.info, new
+        if old != new:
+            for warning in tier_warnings(replica.state()):
+                log.warning("replica %s: %s", replica.id, warning)
         if old is not None and (old.started_at != new.started_at or not replica.healthy):
             log.info("replica %s restarted or returned: forgetting its cache", replica.id)
             self._on_reset(replica.id)

@@ -125,8 +125,7 @@ def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
 def _observe(gw: Gateway, rreq: RoutingRequest, decision: Decision, a: Attempt) -> None:
     u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
     outcome = Outcome(rreq, decision, a.ok, u.prompt_tokens, u.cached_tokens, a.ttft)
-    gw.policy.observe(outcome)
-    gw.index.observe(outcome)
+    gw.learn(outcome, hashed=a.route != "passthrough")
     if u.prompt_tokens is not None:
         gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
     if u.cached_tokens is not None:

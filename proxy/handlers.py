@@ -10,6 +10,7 @@ turns ``GatewayError`` into OpenAI-shaped JSON and counts every answer.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,7 +49,7 @@ def generation(route: Route) -> Handler:
         raw = await read_body(request, gw.settings.max_body_bytes)
         parsed = parse_request(route, raw)
         gw.check_model(parsed.model)
-        rreq = routing_request(parsed, request.headers, gw.settings.routing)
+        rreq = routing_request(parsed, request.headers, gw.settings.routing, gw.chars_per_token.value)
         decision = gw.decide(rreq, parsed.model)
         gw.index.record(rreq, decision)
         return await forward(request, gw, raw, parsed, rreq, decision)
@@ -71,7 +72,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, gw.settings.max_body_bytes)
     parsed = _passthrough_request(raw)
     gw.check_model(parsed.model)
-    rreq = routing_request(parsed, request.headers, gw.settings.routing)
+    rreq = routing_request(parsed, request.headers, gw.settings.routing, gw.chars_per_token.value)
     decision = gw.decide(rreq, parsed.model)
     return await forward(request, gw, raw, parsed, rreq, decision)
 
@@ -124,7 +125,7 @@ async def flush_cache(request: web.Request) -> web.Response:
         except UpstreamError:
             status = 502
         if 200 <= status < 300:
-            gw.index.forget(replica)
+            gw.forget(replica)
         return replica, status
 
     results = dict(await asyncio.gather(*(one(r) for r in targets)))
@@ -149,9 +150,18 @@ async def status(request: web.Request) -> web.Response:
         "healthy_replicas": sum(1 for r in replicas if r["healthy"]),
         "replicas": replicas,
         "models": sorted(gw.fleet.models()),
+        "cache_model": _accuracy(gw),
         "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
     }
     return web.Response(body=orjson.dumps(doc, default=str), content_type="application/json")
+
+
+def _accuracy(gw: Gateway) -> dict[str, Any]:
+    """Per replica, how well the cache model predicted the cached tokens the replica reported."""
+    accuracy = getattr(gw.index, "accuracy", None)
+    if not callable(accuracy):
+        return {}
+    return {rid: dataclasses.asdict(a) for rid, a in accuracy().items()}
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -9,15 +9,19 @@ kvroute_client_disconnects_total{route}        clients that left early (upstream
 kvroute_ttft_seconds{route}                    time from the upstream send to its first body byte
 kvroute_inflight_requests{replica}             requests in flight per replica (collected at scrape)
 kvroute_cached_tokens_total / kvroute_prompt_tokens_total{replica}  from the relayed ``usage``
+kvroute_model_cached_tokens_{predicted,actual}_mean{replica}  the cache model's prediction vs the report
+kvroute_model_error_ratio{replica}             sum |predicted - reported cached| / sum prompt tokens
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from routing.cache_model import AccuracyStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -36,8 +40,32 @@ class _InflightCollector(Collector):
         yield g
 
 
+class _AccuracyCollector(Collector):
+    """The cache model's accuracy per replica, read from ``CacheModel.accuracy()`` at scrape time."""
+
+    def __init__(self, source: Callable[[], Mapping[str, AccuracyStats]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        names = {
+            "kvroute_model_cached_tokens_predicted_mean": "Mean cached tokens the model predicted",
+            "kvroute_model_cached_tokens_actual_mean": "Mean cached tokens the replica reported",
+            "kvroute_model_error_ratio": "Sum |predicted - reported cached| / sum prompt tokens",
+        }
+        fams = {n: GaugeMetricFamily(n, h, labels=["replica"]) for n, h in names.items()}
+        for replica, a in self._source().items():
+            fams["kvroute_model_cached_tokens_predicted_mean"].add_metric([replica], a.mean_predicted_tokens)
+            fams["kvroute_model_cached_tokens_actual_mean"].add_metric([replica], a.mean_actual_tokens)
+            fams["kvroute_model_error_ratio"].add_metric([replica], a.error_ratio)
+        yield from fams.values()
+
+
 class GatewayMetrics:
-    def __init__(self, inflight: Callable[[], Iterable[tuple[str, int]]]) -> None:
+    def __init__(
+        self,
+        inflight: Callable[[], Iterable[tuple[str, int]]],
+        accuracy: Callable[[], Mapping[str, AccuracyStats]] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("kvroute_requests", "Requests answered", ["route", "status"], registry=r)
@@ -64,6 +92,8 @@ class GatewayMetrics:
             "kvroute_cached_tokens", "Cached prompt tokens reported", ["replica"], registry=r
         )
         r.register(_InflightCollector(inflight))
+        if accuracy is not None:
+            r.register(_AccuracyCollector(accuracy))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,17 +26,35 @@ from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
 from proxy.upstream import Upstream
 from routing.policies.factory import build_policy, build_prefix_index
+from routing.rates import CharsPerToken
 
 log = logging.getLogger("kvroute")
 
 
 def build_gateway(settings: Settings) -> Gateway:
     index = build_prefix_index(settings.routing)
-    fleet = Fleet(settings.backends, settings.health_interval, on_reset=index.forget)
-    metrics = GatewayMetrics(lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()])
-    return Gateway(
-        settings=settings, fleet=fleet, policy=build_policy(settings.routing), index=index, metrics=metrics
+    policy = build_policy(settings.routing)
+    gateway: Gateway | None = None
+
+    def on_reset(replica: str) -> None:  # the fleet exists before the gateway that holds it
+        if gateway is not None:
+            gateway.forget(replica)
+
+    fleet = Fleet(settings.backends, settings.health_interval, on_reset=on_reset)
+    accuracy = getattr(index, "accuracy", None)
+    metrics = GatewayMetrics(
+        lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()],
+        accuracy if callable(accuracy) else None,
     )
+    gateway = Gateway(
+        settings=settings,
+        fleet=fleet,
+        policy=policy,
+        index=index,
+        metrics=metrics,
+        chars_per_token=CharsPerToken(settings.routing.chars_per_token),
+    )
+    return gateway
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:

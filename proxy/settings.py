@@ -37,7 +37,7 @@ class Settings:
     port: int = 8080
     backends: tuple[str, ...] = ()
     config: str | None = None
-    policy: PolicyName = "least_load"
+    policy: PolicyName = "cost"
     admin_key: str | None = None
     max_body_bytes: int = 32 * MiB
     health_interval: float = 5.0

@@ -42,7 +42,7 @@ _POLICIES: dict[str, Callable[[RoutingConfig], Policy]] = {
     "cache_aware": _cache_aware,
     "consistent_hash": _consistent_hash,
 }
-_USES_CACHE_MODEL = frozenset({"cost"})
+_USES_CACHE_MODEL = frozenset(POLICY_NAMES)  # every policy: the model's accuracy is a metric everywhere
 
 
 def available_policies() -> tuple[str, ...]:

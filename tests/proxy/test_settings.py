@@ -13,7 +13,7 @@ from proxy.settings import MiB, Settings, SettingsError, load_settings
 def test_defaults() -> None:
     s = load_settings([], env={})
     assert s == Settings()
-    assert s.max_body_bytes == 32 * MiB and s.request_id_headers and s.routing.policy == "least_load"
+    assert s.max_body_bytes == 32 * MiB and s.request_id_headers and s.routing.policy == "cost"
 
 
 def test_precedence_flags_over_toml_over_env(tmp_path: Path) -> None:

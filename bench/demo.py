@@ -1,16 +1,18 @@
 """``kvroute demo``: the gateway in front of 3 emulated SGLang replicas, a short scripted workload
 through the official ``openai`` SDK, and a printed summary.
 
-What it runs (seeded, ~10-20 s of wall time):
+What it runs (seeded, a few seconds of wall time), once per policy of ``--policies`` (default
+``cost,round_robin``), each on fresh replicas so no cache leaks from one policy to the next:
 - 3 emulated replicas (HiCache ``write_back``, cache report, metrics; a time scale that makes a
   cold 40K-token prefill take ~0.6 s instead of 15 s);
-- the gateway in-process on a free port (``proxy.server.build_app``), policy from ``--policy``;
+- the gateway in-process on a free port (``proxy.server.build_app``) with that policy;
 - 4 agent sessions that share a system prompt and tool schemas, 4 streamed turns each (each turn
   extends its own history), running concurrently;
 - 2 long documents, each asked 3 different questions (streamed);
 Each request records its TTFT (first content chunk), prompt and cached tokens (``include_usage``) and
-the replica that served it (``x-kvroute-replica``). The summary prints requests, errors, mean/p50/p99
-TTFT, the token-weighted cached ratio and the per-replica share. Everything started is stopped.
+the replica that served it (``x-kvroute-replica``). The table prints, per policy side by side,
+requests, errors, mean/p50/p99 TTFT in emulated seconds, the token-weighted cached ratio and the
+requests per replica. Everything started is stopped; the exit status is 0 only if nothing failed.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import openai
 from aiohttp import web
@@ -33,6 +35,7 @@ from openai.types.chat import ChatCompletionChunk
 from emulator.launcher import EmulatorFleet, free_ports
 from proxy.server import build_app
 from proxy.settings import Settings
+from routing.config import POLICY_NAMES, PolicyName
 
 EMU_ARGS = [
     "--enable-hierarchical-cache",
@@ -144,9 +147,10 @@ async def documents(client: openai.AsyncOpenAI, model: str, seed: int) -> list[S
     return out
 
 
-def summary(samples: list[Sample], replicas: Sequence[str], wall: float) -> str:
+def summary(samples: list[Sample], replicas: Sequence[str], scale: float) -> dict[str, str]:
+    """One column of the printed table; TTFTs are shown in emulated seconds (real seconds / scale)."""
     ok = [s for s in samples if s.ok]
-    ttfts = sorted(s.ttft_s * 1000 for s in ok)
+    ttfts = sorted(s.ttft_s / scale for s in ok)
     prompt = sum(s.prompt_tokens for s in ok)
     cached = sum(s.cached_tokens for s in ok)
     share = Counter(s.replica for s in ok)
@@ -154,38 +158,33 @@ def summary(samples: list[Sample], replicas: Sequence[str], wall: float) -> str:
     def pct(q: float) -> float:
         return ttfts[min(len(ttfts) - 1, round(q * (len(ttfts) - 1)))] if ttfts else float("nan")
 
-    rows = [
-        (
-            "requests",
-            f"{len(samples)} ({sum(s.kind == 'agent' for s in samples)} agent turns, "
-            f"{sum(s.kind == 'document' for s in samples)} document questions)",
-        ),
-        ("errors", str(len(samples) - len(ok))),
-        (
-            "TTFT mean / p50 / p99",
-            f"{statistics.fmean(ttfts) if ttfts else float('nan'):.1f} / {pct(0.5):.1f} / {pct(0.99):.1f} ms",
-        ),
-        (
-            "cached tokens (token-weighted)",
-            f"{cached} of {prompt} prompt tokens = {cached / prompt if prompt else 0:.1%}",
-        ),
-        *(
-            (f"share {r}", f"{share.get(r, 0)} requests ({share.get(r, 0) / max(1, len(ok)):.0%})")
-            for r in replicas
-        ),
-        ("wall time", f"{wall:.1f} s"),
-    ]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+    mean = statistics.fmean(ttfts) if ttfts else float("nan")
+    return {
+        "requests": f"{len(samples)}",
+        "errors": str(len(samples) - len(ok)),
+        "TTFT mean (emulated s)": f"{mean:.2f}",
+        "TTFT p50 / p99 (emulated s)": f"{pct(0.5):.2f} / {pct(0.99):.2f}",
+        "cached tokens (token-weighted)": f"{cached / prompt if prompt else 0:.1%}",
+        "requests per replica": " / ".join(str(share.get(r, 0)) for r in replicas),
+    }
 
 
-async def run(args: argparse.Namespace) -> int:
-    t0 = time.perf_counter()
+async def workload(base: str, args: argparse.Namespace) -> list[Sample]:
+    async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="demo", max_retries=0) as client:
+        model = (await client.models.list()).data[0].id
+        system = "You are a coding agent. Use the tools when useful. " + words(random.Random(args.seed), 1500)
+        jobs = [agent_session(client, model, system, args.seed + i, 4) for i in range(4)]
+        results = await asyncio.wait_for(asyncio.gather(*jobs, documents(client, model, args.seed)), 120)
+    return [s for batch in results for s in batch]
+
+
+async def one_policy(policy: PolicyName, args: argparse.Namespace) -> dict[str, str]:
+    """Fresh emulated replicas (so no cache leaks between policies), the gateway, the workload."""
     async with EmulatorFleet(3, [*EMU_ARGS, "--emu-time-scale", str(args.time_scale)]) as fleet:
         settings = Settings(
             port=free_ports(1)[0],
             backends=tuple(fleet.urls),
-            policy=args.policy,
+            policy=policy,
             seed=args.seed,
             health_interval=1.0,
         )
@@ -193,32 +192,43 @@ async def run(args: argparse.Namespace) -> int:
         await runner.setup()
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
-            base = f"http://{settings.host}:{settings.port}"
-            print(
-                f"kvroute demo: gateway {base} (policy {args.policy}) over {', '.join(fleet.urls)}",
-                flush=True,
-            )
-            async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="demo", max_retries=0) as client:
-                model = (await client.models.list()).data[0].id
-                system = "You are a coding agent. Use the tools when useful. " + words(
-                    random.Random(args.seed), 1500
-                )
-                jobs = [agent_session(client, model, system, args.seed + i, 4) for i in range(4)]
-                results = await asyncio.wait_for(
-                    asyncio.gather(*jobs, documents(client, model, args.seed)), 120
-                )
+            samples = await workload(f"http://{settings.host}:{settings.port}", args)
         finally:
             await runner.cleanup()
-        samples = [s for batch in results for s in batch]
-        print(summary(samples, fleet.urls, time.perf_counter() - t0), flush=True)
-    return 0 if all(s.ok for s in samples) else 1
+    return summary(samples, fleet.urls, args.time_scale)
+
+
+async def run(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    policies = [p for p in args.policies.split(",") if p]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown or not policies:
+        print(
+            f"kvroute demo: unknown policy {unknown}; choose from {', '.join(POLICY_NAMES)}", file=sys.stderr
+        )
+        return 2
+    print(
+        f"kvroute demo: 3 emulated SGLang replicas (HiCache write_back, time scale {args.time_scale}); "
+        "4 agent sessions x 4 turns sharing a system prompt + tools, 2 long documents x 3 questions; "
+        f"policies: {', '.join(policies)}",
+        flush=True,
+    )
+    columns = {p: await one_policy(cast(PolicyName, p), args) for p in policies}
+    rows = list(next(iter(columns.values())))
+    width = max(len(r) for r in rows)
+    colw = max(18, *(len(v) for c in columns.values() for v in c.values()))
+    print(f"  {'':<{width}}  " + "  ".join(f"{p:>{colw}}" for p in policies))
+    for r in rows:
+        print(f"  {r:<{width}}  " + "  ".join(f"{columns[p][r]:>{colw}}" for p in policies))
+    print(f"  wall time {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0 if all(c["errors"] == "0" for c in columns.values()) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="kvroute demo", description="gateway + 3 emulated replicas + a short workload"
     )
-    p.add_argument("--policy", default="least_load")
+    p.add_argument("--policies", default="cost,round_robin", help="comma-separated, run side by side")
     p.add_argument("--time-scale", type=float, default=0.04, help="emulated seconds x this = real seconds")
     p.add_argument("--seed", type=int, default=0)
     return asyncio.run(run(p.parse_args(argv)))

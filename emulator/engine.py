@@ -11,9 +11,14 @@ The engine is one asyncio task per replica that runs *steps*, like SGLang's sche
 2. Sleep the step: sum over its requests of the prefill cost of their chunk [s, e) (positions matter,
    see timing.py) plus the host/storage load time of the newly admitted, times the fault slow factor and
    the time scale.
-3. Requests whose prefill is complete get their first token `overhead` later and decode in their own task
+3. After the step, every request inserts the prompt it has computed so far into the radix cache
+   (`insert_unfinished`, SGLang's cache_unfinished_req: chunked=True after an intermediate chunk,
+   chunked=False once its prefill is complete), keeping it locked: a request admitted from then on hits
+   it on GPU while this one still prefills or decodes.
+4. Requests whose prefill is complete get their first token `overhead` later and decode in their own task
    (one token per decode-step latency, which grows with the number of decoding sequences), then
-   `finish()` inserts prompt + output into the cache. An abort releases the request with `abort()`.
+   `finish()` inserts prompt + output into the cache. An abort releases the request with `abort()`
+   (what it inserted stays cached).
 
 Modelled time is paced by deadlines, not by relative sleeps: a step starts at the latest of the previous
 step's end, the arrival of its new requests (stamped when the HTTP request came in, before parsing) and,
@@ -252,10 +257,24 @@ class Engine:
             if ticket.done or ticket not in self.prefilling:
                 continue
             ticket.pos = end
+            self._cache_unfinished(ticket, end)
             if end >= len(ticket.work.prompt):
                 self.prefilling.remove(ticket)
                 self.decoding.add(ticket)
                 self._spawn(ticket, self.step_end)
+
+    def _cache_unfinished(self, ticket: Ticket, end: int) -> None:
+        """SGLang's ``cache_unfinished_req`` after a forward: insert the prompt computed so far, so requests
+        admitted from now on hit it. An intermediate chunk inserts with chunked=True (no hit counts); the
+        last one with chunked=False, unless the request ends at its first token (then only `finish`
+        inserts, as SGLang's cache_finished_req does right after the prefill)."""
+        work, adm = ticket.work, ticket.admission
+        if adm is None:
+            return
+        last = end >= len(work.prompt)
+        if last and all(len(o) <= 1 for o in work.outputs):
+            return
+        self.cache.insert_unfinished(adm, work.prompt[:end], self._key(work), chunked=not last)
 
     def _spawn(self, ticket: Ticket, prefilled_at: float) -> None:
         task = asyncio.create_task(self._decode(ticket, prefilled_at))

@@ -14,6 +14,9 @@ host (``cut``). Anchors are scarce, and that is the whole story of the seeds' wr
   copied to host. When full, the LRU host anchor goes (``_evict_host_one``): a host-only leaf is deleted
   (KV too); any other node just loses its host anchor, even if it is still on GPU.
 - A node that is already backed up is demoted on GPU eviction without copying its anchor again.
+- A running request's tree inserts (``cache_unfinished_req``, after each prefill chunk) follow the same
+  rules as the insert at finish: the new nodes get anchors where an insert at that length would put them,
+  and the request's pin moves to the deepest inserted node (``move_pin``).
 
 With ``mamba_extra_buffer`` an insert creates one node, hence one anchor, per ``mamba_track_interval``
 tokens, so write_through's backup-at-insert burns through the host slots and reclaims the anchors of
@@ -80,6 +83,15 @@ class Anchors:
             if self.used >= self.slots:
                 self._evict_one()
             self.running += 1
+
+    def move_pin(self, old: Node, new: Node) -> None:
+        """A request's tree insert moved it to ``new`` (SGLang re-locks the new last node, which pins its
+        mamba state, and unlocks the old one); its running slot stays."""
+        if self.on and old is not new:
+            old.mamba_lock -= 1
+            new.mamba_lock += 1
+            self.refresh(old)
+            self.refresh(new)
 
     def end_request(self, node: Node) -> None:
         if self.on and self.running > 0:

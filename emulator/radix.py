@@ -17,8 +17,18 @@ Request path (all O(matched length / page_size), no scans of the whole tree):
    node and reserves room. The engine sizes the reservation with ``match`` first, so the last lookup of a
    prompt tuple is remembered and reused until anything it depends on changes (every tree mutation and
    every storage write clears it): one walk per admission, not two.
-3. ``finish`` releases the reservation, inserts prompt + output (whole pages), applies the write policy
-   (hit counts), and unlocks. ``abort`` only releases.
+3. ``insert_unfinished`` (SGLang ``cache_unfinished_req``, after every prefill chunk and once the prefill
+   is complete) inserts the whole pages computed so far, so a request admitted later already hits them
+   while this one still runs. The request's lock moves from the node it held to the deepest inserted node
+   (the path above stays locked: locks pin whole paths), and the pages it computed leave its reservation:
+   they now live in the tree (pages another request inserted first are the duplicates SGLang frees), so
+   GPU usage is never counted twice. Hits count only when ``chunked`` is False: an intermediate chunk's
+   insert does not count; the insert after the last chunk does, on every node of the path. (Read
+   literally, as SGLang 0.5.10 does: a request that decodes counts a hit on its prompt's nodes here and
+   another one at ``finish``, so write_through_selective backs up a prompt served once with >1 token.)
+4. ``finish`` releases the reservation, inserts prompt + output (whole pages; the part already inserted is
+   found, hit and kept, only the remainder is new), applies the write policy (hit counts), and unlocks.
+   ``abort`` only releases and unlocks: pages already inserted stay cached, as in SGLang.
 
 Write policies (``_hit``): write_through backs a node up to host on its first hit (its insert),
 write_through_selective on its second, write_back never proactively. GPU eviction (``_evict_leaf``) takes
@@ -127,9 +137,32 @@ class RadixCache:
         lock.reserved_tokens += tokens
         return True
 
+    def insert_unfinished(
+        self, adm: Admission, tokens_done: Sequence[int], extra_key: str | None, chunked: bool
+    ) -> int:
+        """Insert the request's prefix computed so far (whole pages) and keep it locked by the request;
+        see the module docstring (step 3). Returns the tokens the request now holds in the tree."""
+        lock = adm.lock
+        if lock.released or lock.generation != self._generation:
+            return 0
+        p, held = self.page, lock.node.depth
+        length = self.anchors.insert_length(len(tokens_done) // p * p, p)
+        if length <= held:
+            return held
+        before = self.tree.pages_for(lock.reserved_tokens)
+        lock.reserved_tokens = max(0, lock.reserved_tokens - (length - held))
+        self.tree.reserved -= before - self.tree.pages_for(lock.reserved_tokens)
+        node = self._insert(tokens_done[:length], extra_key, chunked)
+        if node.depth > held:
+            self.tree.lock(node)
+            self.tree.unlock(lock.node)
+            self.anchors.move_pin(lock.anchor, node)
+            lock.node = lock.anchor = node
+        return lock.node.depth
+
     def finish(self, adm: Admission, tokens: Sequence[int], extra_key: str | None) -> None:
         if self._release(adm.lock):
-            self._insert(tokens, extra_key)
+            self._insert(tokens, extra_key, chunked=False)
             self.tree.unlock(adm.lock.node)
 
     def abort(self, adm: Admission) -> None:
@@ -254,8 +287,10 @@ class RadixCache:
         t["storage_hit_tokens_total"] += stored
         t["prefetched_tokens_total"] += stored
 
-    # ---- insert (cache_finished_req) --------------------------------------------------------------
-    def _insert(self, tokens: Sequence[int], extra_key: str | None) -> None:
+    # ---- insert (cache_unfinished_req / cache_finished_req) ---------------------------------------
+    def _insert(self, tokens: Sequence[int], extra_key: str | None, chunked: bool) -> Node:
+        """Insert the whole pages of ``tokens``; hit counts unless ``chunked``. Returns the deepest node
+        reached (the root if nothing could be placed)."""
         self._memo = None
         p = self.page
         key = tuple(tokens[: self.anchors.insert_length(len(tokens) // p * p, p)])
@@ -273,11 +308,11 @@ class RadixCache:
             if not n.gpu:
                 if budget < self.tree.pages(n):
                     self.tree.unlock(top)
-                    return
+                    return node
                 budget -= self.tree.pages(n)
                 self.tree.set_gpu(n, True)
             self.tree.touch(n)
-            self._hit(n)
+            self._hit(n, chunked)
             node = n
         end = node.depth + budget * p
         for seg_end in self.anchors.segment_ends(node.depth, end, p):
@@ -285,18 +320,20 @@ class RadixCache:
             node = self.tree.new_node(node, seg, self._hashes(node, seg, extra_key))
             self.tree.set_gpu(node, True)
             self.anchors.anchor(node)
-            self._hit(node)
+            self._hit(node, chunked)
         if node is not root:
             self.anchors.anchor(node)
         self.tree.unlock(top)
+        return node
 
     def _make_room(self, pages: int) -> int:
         self._evict_gpu(pages)
         return min(pages, self.tree.gpu_free())
 
-    def _hit(self, node: Node) -> None:
-        """SGLang ``_inc_hit_count``: count a hit and back the node up once it reaches the threshold."""
-        if not self.cfg.hicache or self.cfg.write_policy == "write_back":
+    def _hit(self, node: Node, chunked: bool = False) -> None:
+        """SGLang ``_inc_hit_count``: count a hit and back the node up once it reaches the threshold
+        (never for an intermediate chunk's insert)."""
+        if chunked or not self.cfg.hicache or self.cfg.write_policy == "write_back":
             return
         node.hit_count += 1
         if not node.host and node.hit_count >= self._threshold:

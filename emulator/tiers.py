@@ -69,7 +69,9 @@ class MatchResult:
 
 class Lock:
     """The mutable part of an admission: the locked path's deepest node, the recurrent-state anchor it
-    resumes from (hybrid), its GPU reservation, and the cache generation (a restart voids old locks)."""
+    pins (hybrid), its GPU reservation, and the cache generation (a restart voids old locks). The node's
+    depth is the prefix the request holds in the tree: the match at admission, then whatever it inserted
+    while unfinished (node and anchor move down, the reservation shrinks by the pages inserted)."""
 
     __slots__ = ("anchor", "generation", "node", "released", "reserved_tokens")
 

@@ -1,4 +1,5 @@
-"""The timing model (pure numbers) and the scheduler: queueing, chunked prefill, time scale."""
+"""The timing model (pure numbers) and the scheduler: queueing, chunked prefill, time scale, and reuse of
+a running request's prompt (inserted after each prefill chunk, before the request finishes)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -107,6 +109,55 @@ async def test_chunked_prefill_lets_a_short_request_in(
     short = asyncio.create_task(_stream(http, emu, _body(list(range(20_000, 20_050)), 1), log, "short"))
     await asyncio.gather(long, short)
     assert (log.index("short:first") < log.index("long:first")) is short_first
+
+
+async def _generate(http: aiohttp.ClientSession, emu: Emu, body: bytes, log: list[str], name: str) -> Any:
+    """Send a streamed /generate; log "<name>:first" and "<name>:done"; return the last meta_info."""
+    meta: Any = None
+    async with http.post(f"{emu.url}/generate", data=body) as resp:
+        async for raw in resp.content:
+            if raw.startswith(b"data: {"):
+                meta = orjson.loads(raw[6:])["meta_info"]
+                if f"{name}:first" not in log:
+                    log.append(f"{name}:first")
+    log.append(f"{name}:done")
+    return meta
+
+
+DOC = [(j * 7_919) % 150_000 for j in range(40_000)]
+
+
+async def test_a_decoding_request_prompt_hits_before_it_finishes(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    """SGLang inserts a prompt into the radix tree once its prefill is done (cache_unfinished_req): a
+    second request with the same 40K prompt, sent after the first one's first token but before it ends,
+    reuses the whole prompt from GPU."""
+    emu = await emulator("--emu-time-scale", "0.03")
+    log: list[str] = []
+    a = asyncio.create_task(_generate(http, emu, _body(DOC, 2_000), log, "a"))  # 15 s decode: 0.44 s wall
+    await _until(lambda: "a:first" in log)
+    b = await _generate(http, emu, _body(DOC, 2), log, "b")
+    assert "a:done" not in log  # b was served while a was still decoding
+    assert b["cached_tokens"] == len(DOC) - 1  # the whole prompt but its last token (always computed)
+    assert b["cached_tokens_details"] == {"device": len(DOC) - 1, "host": 0}
+    assert (await a)["cached_tokens"] == 0
+
+
+async def test_a_prefilling_request_chunks_hit_before_its_prefill_ends(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    """With chunked prefill each chunk is inserted once computed (chunked=True). A second request with the
+    same prompt, sent while the first one is mid-prefill, waits (one chunked request at a time), joins
+    the step of the first one's last chunk and reuses, on GPU, the 19 chunks inserted before it."""
+    emu = await emulator("--chunked-prefill-size", "2048", "--emu-time-scale", "0.05")
+    engine, log = emu.replica.engine, list[str]()
+    a = asyncio.create_task(_generate(http, emu, _body(DOC, 2), log, "a"))
+    await _until(lambda: any(t.pos >= 8 * 2048 for t in engine.prefilling))
+    b = await _generate(http, emu, _body(DOC, 2), log, "b")
+    assert b["cached_tokens"] == 19 * 2048  # the first 40,000 // 2048 chunks; a's last one was running
+    assert b["cached_tokens_details"] == {"device": 19 * 2048, "host": 0}
+    assert (await a)["cached_tokens"] == 0
 
 
 async def test_time_scale_stretches_modelled_durations(

@@ -13,9 +13,11 @@ prefill take ~1.5 s of real time. TTFTs are checked twice:
   scheduling delay are a large fraction. The windows stay disjoint (GPU < 0.25 s < host 0.32-0.7 s <
   cold 12.3 s), so a tier that answers at another tier's speed still fails.
 
-The GPU holds two documents, so with three documents re-sent in turn each re-send finds its document
-evicted to host (write_back backs it up on eviction): every host re-send is a real reload. Hybrid models
-cut a document into a node per 256 tokens and evict node by node, so they use four documents.
+The GPU holds two documents. A document is cached as a chain of nodes (one per 2048-token prefill
+chunk, each inserted once computed as SGLang's cache_unfinished_req does; one per 256 tokens on hybrid
+models) and eviction takes the LRU tail node by node, so three documents would evict only part of each:
+four documents re-sent in turn find each one wholly evicted to host (write_back backs it up on
+eviction), so every host re-send is a full reload.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from tests.emulator.conftest import StartEmu
 
 SCALE = 0.1  # a cold 40K prefill (15.4 s modelled) takes ~1.5 s; a GPU hit ~11 ms
 DOC = 40_000
-DOCS = 3  # two fit on the GPU (--max-total-tokens 100000): the third evicts the least recently used
-HYBRID_DOCS = 4  # hybrid nodes are cut every 256 tokens and evicted node by node: one more to evict wholly
+DOCS = 4  # two fit on the GPU (--max-total-tokens 100000); documents are evicted node by node
+HYBRID_DOCS = DOCS
 SEED_TTFT = {"cold": 15.4, "host": 0.4, "gpu": 0.1}
 MODELLED_TOL = {"cold": 0.05, "host": 0.1, "gpu": 0.1}  # every sample, from cached_tokens_details
 WALL_WINDOW = {"cold": (0.8, 1.2), "host": (0.8, 1.75), "gpu": (0.8, 2.5)}  # x seed, min over sends

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -21,6 +21,24 @@ def serve(cache: RadixCache, tokens: Sequence[int], out: int = 0, key: str | Non
     m = cache.match(tokens, key)
     adm = cache.admit(tokens, key, len(tokens) - m.total + out)
     assert adm is not None
+    cache.finish(adm, [*tokens, *range(1, out + 1)], key)
+    return adm
+
+
+def serve_chunked(
+    cache: RadixCache, tokens: Sequence[int], out: int = 0, key: str | None = None, chunk: int = 2048
+) -> Admission:
+    """One request as the engine runs it: admit, insert the prompt computed after each prefill chunk
+    (chunked=True until the last one, which inserts only if the request decodes past its first token),
+    then finish with prompt + output."""
+    m = cache.match(tokens, key)
+    adm = cache.admit(tokens, key, len(tokens) - m.total + out)
+    assert adm is not None
+    pos = min(adm.cached_tokens, len(tokens) - 1)
+    while pos < len(tokens):
+        pos = min(pos + chunk, len(tokens))
+        if pos < len(tokens) or out > 1:
+            cache.insert_unfinished(adm, tokens[:pos], key, chunked=pos < len(tokens))
     cache.finish(adm, [*tokens, *range(1, out + 1)], key)
     return adm
 
@@ -156,6 +174,71 @@ def test_reservation_counts_in_gpu_used_and_is_released() -> None:
     assert c.stats().gpu_used == 12
 
 
+def test_unfinished_prefix_is_matchable_and_moves_out_of_the_reservation() -> None:
+    c = cache(gpu=64, page_size=4)
+    a = c.admit(seq(1, 22), None, 22 + 4)  # 26 tokens reserved: 7 pages
+    assert a is not None and c.stats().gpu_used == 28
+    assert c.insert_unfinished(a, seq(1, 10), None, chunked=True) == 8  # whole pages only
+    s = c.stats()
+    assert (s.gpu_used, s.gpu_cached, s.gpu_evictable) == (28, 8, 0)  # moved, not added; locked by `a`
+    assert c.match(seq(1, 30)).gpu_tokens == 8
+    assert c.insert_unfinished(a, seq(1, 22), None, chunked=False) == 20
+    assert c.insert_unfinished(a, seq(1, 9), None, chunked=False) == 20  # nothing new: a no-op
+    s = c.stats()
+    assert (s.gpu_used, s.gpu_cached, s.gpu_evictable) == (28, 20, 0)
+    b = c.admit(seq(1, 30), None, 10)  # admitted while `a` still runs: a GPU hit on a's prompt
+    assert b is not None and (b.gpu_hit_tokens, b.cached_tokens) == (20, 20)
+    c.finish(a, [*seq(1, 22), 1, 2, 3, 4], None)  # only the remainder [20, 24) is new
+    s = c.stats()
+    assert (s.gpu_cached, s.gpu_evictable, s.gpu_used) == (24, 4, 24 + 12)  # b keeps [0, 20) locked
+
+
+def test_concurrent_duplicates_are_not_counted_twice() -> None:
+    c = cache(gpu=64)
+    a, b = c.admit(seq(1, 20), None, 24), c.admit(seq(1, 20), None, 24)  # both miss: both compute it
+    assert a is not None and b is not None and c.stats().gpu_used == 48
+    c.insert_unfinished(a, seq(1, 20), None, chunked=False)
+    c.insert_unfinished(b, seq(1, 20), None, chunked=False)  # b's copy is a duplicate: freed
+    s = c.stats()
+    assert (s.gpu_cached, s.gpu_used) == (20, 20 + 4 + 4)
+    c.finish(a, seq(1, 24), None)
+    c.finish(b, seq(1, 24), None)
+    s = c.stats()
+    assert (s.gpu_cached, s.gpu_used, s.gpu_evictable) == (24, 24, 24)
+
+
+def test_abort_keeps_the_inserted_prefix_cached_and_unlocked() -> None:
+    c = cache(gpu=32)
+    a = c.admit(seq(1, 20), None, 20)
+    assert a is not None
+    c.insert_unfinished(a, seq(1, 12), None, chunked=True)
+    c.abort(a)
+    s = c.stats()
+    assert (s.gpu_used, s.gpu_cached, s.gpu_evictable) == (12, 12, 12)
+    assert c.match(seq(1, 20)).gpu_tokens == 12
+    assert c.insert_unfinished(a, seq(1, 20), None, chunked=False) == 0  # released: ignored
+    assert c.stats().gpu_cached == 12
+
+
+def test_unfinished_inserts_count_hits_only_when_not_chunked() -> None:
+    wt = cache(gpu=64, hicache=True, host_tokens=128, write_policy="write_through")
+    a = wt.admit(seq(1, 20), None, 24)
+    assert a is not None
+    wt.insert_unfinished(a, seq(1, 12), None, chunked=True)
+    assert wt.stats().host_used == 0  # an intermediate chunk's insert counts no hit
+    wt.insert_unfinished(a, seq(1, 20), None, chunked=False)
+    assert wt.stats().host_used == 20  # the whole path counts: backed up while the request decodes
+    sel = cache(gpu=64, hicache=True, host_tokens=128, write_policy="write_through_selective")
+    serve_chunked(sel, seq(1, 20), chunk=8)  # ends at its first token: chunked inserts, then finish
+    assert sel.stats().host_used == 0
+    b = sel.admit(seq(2, 20), None, 24)
+    assert b is not None
+    sel.insert_unfinished(b, seq(2, 20), None, chunked=False)
+    assert sel.stats().host_used == 0  # one hit
+    sel.finish(b, seq(2, 24), None)
+    assert sel.stats().host_used == 20  # the second: SGLang 0.5.10 counts both inserts of one request
+
+
 def test_flush_refuses_while_locked_and_keeps_storage() -> None:
     store = Storage(1000)
     c = cache(hicache=True, host_tokens=128, storage=store, prefetch_threshold=8)
@@ -238,17 +321,19 @@ HYBRID = {
 }
 
 
+@pytest.mark.parametrize("run", [serve, serve_chunked])
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
-def test_hybrid_seed_probe(policy: str) -> None:
-    """The seeds' probe: cold 40K doc R, ten other 40K docs of pressure, then re-send R."""
+def test_hybrid_seed_probe(policy: str, run: Callable[..., Admission]) -> None:
+    """The seeds' probe: cold 40K doc R, ten other 40K docs of pressure, then re-send R; with and without
+    the running requests' inserts after each prefill chunk."""
     c = RadixCache(CacheConfig(write_policy=policy, **HYBRID))  # type: ignore[arg-type]
     doc_r = seq(100, 40_000)
-    assert serve(c, doc_r, out=16).cached_tokens == 0
+    assert run(c, doc_r, out=16).cached_tokens == 0
     for d in range(1, 11):
-        serve(c, seq(100 + d, 40_000), out=16)
+        run(c, seq(100 + d, 40_000), out=16)
     s = c.stats()
-    resend = serve(c, doc_r, out=16)
-    again = serve(c, doc_r, out=16)
+    resend = run(c, doc_r, out=16)
+    again = run(c, doc_r, out=16)
     assert again.gpu_hit_tokens >= 39_000  # the device path works in both modes
     if policy == "write_back":
         assert resend.host_loaded_tokens >= 39_000 and resend.gpu_hit_tokens == 0
@@ -275,3 +360,15 @@ def test_hybrid_match_stops_at_the_deepest_anchor() -> None:
     serve(c, seq(1, 20))
     assert c.match(seq(1, 30)).gpu_tokens == 20
     assert c.match([*seq(1, 12), 0, 0]).total == 0  # inside the anchored node: no state there
+
+
+def test_hybrid_unfinished_insert_anchors_and_moves_the_pin() -> None:
+    c = cache(gpu=256, hybrid=True, mamba_slots=2)
+    a = c.admit(seq(1, 20), None, 20)  # a running slot
+    assert a is not None
+    c.insert_unfinished(a, seq(1, 12), None, chunked=True)  # an anchor at 12: the second slot
+    assert c.match(seq(1, 30)).gpu_tokens == 12 and c.stats().mamba_used == 2
+    assert c.admit(seq(2, 20), None, 20) is None  # the only cached anchor is pinned by `a`
+    c.finish(a, seq(1, 20), None)
+    assert c.match(seq(1, 30)).gpu_tokens == 20
+    assert c.admit(seq(2, 20), None, 20) is not None  # unpinned now: the LRU anchor goes

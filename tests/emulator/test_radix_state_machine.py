@@ -34,8 +34,9 @@ class Seg:
 
 @dataclass
 class RefAdmission:
-    node: Key | None
-    reserved: int
+    node: Key | None  # the deepest node the request holds (locks cover the path to the root)
+    reserved: int  # pages
+    tokens: int  # reserved tokens (pages are recomputed from them when a part moves into the tree)
     live: bool = True
 
 
@@ -164,8 +165,8 @@ class Reference:
                 return
             self.delete(min(leaves, key=lambda x: self.segs[x].last))
 
-    def hit(self, k: Key) -> None:
-        if self.hicache and self.policy != "write_back":
+    def hit(self, k: Key, chunked: bool = False) -> None:
+        if not chunked and self.hicache and self.policy != "write_back":
             self.segs[k].hits += 1
             if not self.segs[k].host and self.segs[k].hits >= self.hit_threshold:
                 self.backup(k)
@@ -189,8 +190,26 @@ class Reference:
         for k in path:
             self.segs[k].gpu = True
         self.reserved += -(-reserve // self.page)
-        self.active.append(RefAdmission(deepest, -(-reserve // self.page)))
+        self.active.append(RefAdmission(deepest, -(-reserve // self.page), reserve))
         return g, h
+
+    def insert_unfinished(self, adm: RefAdmission, done: list[int], ns: str | None, chunked: bool) -> int:
+        """The prefix computed so far goes into the tree; the request now holds it and reserves less."""
+        if not adm.live:
+            return 0
+        held = len(adm.node[1]) if adm.node is not None else 0
+        length = len(done) // self.page * self.page
+        if length <= held:
+            return held
+        left = max(0, adm.tokens - (length - held))
+        moved = -(-adm.tokens // self.page) - -(-left // self.page)
+        adm.tokens, adm.reserved, self.reserved = left, adm.reserved - moved, self.reserved - moved
+        deepest = self.insert(done[:length], ns, chunked)
+        if deepest is not None and len(deepest[1]) > held:
+            self.lock(deepest, 1)
+            self.lock(adm.node, -1)
+            adm.node = deepest
+        return len(adm.node[1]) if adm.node is not None else 0
 
     def release(self, adm: RefAdmission) -> bool:
         if not adm.live:
@@ -200,7 +219,8 @@ class Reference:
         self.reserved -= adm.reserved
         return True
 
-    def insert(self, tokens: list[int], ns: str | None) -> None:
+    def insert(self, tokens: list[int], ns: str | None, chunked: bool = False) -> Key | None:
+        """Returns the deepest node reached (None: nothing placed)."""
         key = tuple(tokens[: len(tokens) // self.page * self.page])
         path, partial, pp = self.walk(ns, key)
         if partial is not None:
@@ -213,23 +233,24 @@ class Reference:
         )
         self.evict_gpu(want)
         budget = min(want, self.free())
-        end = 0
+        end, last = 0, None
         for k in path:
             if not self.segs[k].gpu:
                 if budget < self.pages(k):
                     self.lock(top, -1)
-                    return
+                    return last
                 budget -= self.pages(k)
                 self.segs[k].gpu = True
             self.touch(k)
-            self.hit(k)
-            end = len(k[1])
+            self.hit(k, chunked)
+            end, last = len(k[1]), k
         if budget:
-            new = (ns, key[: end + budget * self.page])
-            self.segs[new] = Seg(end)
-            self.touch(new)
-            self.hit(new)
+            last = (ns, key[: end + budget * self.page])
+            self.segs[last] = Seg(end)
+            self.touch(last)
+            self.hit(last, chunked)
         self.lock(top, -1)
+        return last
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -304,6 +325,20 @@ class CacheMachine(RuleBasedStateMachine):
             if self.ref.release(ref):
                 self.ref.lock(ref.node, -1)
 
+    @rule(item=admissions, done=st.integers(0, 10), chunked=st.booleans())
+    def insert_unfinished(
+        self, item: tuple[Admission | None, list[int], str | None], done: int, chunked: bool
+    ) -> None:
+        """A running request inserts the first ``done`` tokens of its prompt (cache_unfinished_req)."""
+        adm, tokens, ns = item
+        if adm is None or id(adm) not in self.pairs:
+            return
+        prefix = self.prompt(ns, tokens[:done])
+        ref = self.pairs[id(adm)]
+        held = self.cache.insert_unfinished(adm, prefix, ns, chunked)
+        assert held == self.ref.insert_unfinished(ref, list(prefix), ns, chunked)
+        assert not ref.live or held == adm.lock.node.depth  # a live request holds what it inserted
+
     @rule(item=admissions, more=st.integers(1, 6))
     def extend(self, item: tuple[Admission | None, list[int], str | None], more: int) -> None:
         adm = item[0]
@@ -318,6 +353,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.ref.evict_gpu(pages)
             self.ref.reserved += pages
             ref.reserved += pages
+            ref.tokens += more
         assert self.cache.extend(adm, more) == ok
 
     @rule()
@@ -388,7 +424,7 @@ TestCacheMachine = CacheMachine.TestCase
 
 _ops = st.lists(
     st.tuples(
-        st.sampled_from(["serve", "hold", "release", "flush", "restart"]),
+        st.sampled_from(["serve", "hold", "prefill", "release", "flush", "restart"]),
         st.integers(0, 5),
         st.integers(1, 40),
     ),
@@ -406,8 +442,9 @@ _ops = st.lists(
 def test_hybrid_anchor_pools_stay_consistent(
     ops: list[tuple[str, int, int]], policy: str, extra_buffer: bool, slots: int
 ) -> None:
-    """Random traffic on a hybrid cache: anchor counts match the tree, pools never overflow, and every
-    reported match ends at an anchored node."""
+    """Random traffic on a hybrid cache (with running requests inserting their prefixes): anchor counts
+    match the tree, pools never overflow, pins match running requests, and every reported match ends at
+    an anchored node."""
     c = RadixCache(
         CacheConfig(
             gpu_tokens=48,
@@ -423,7 +460,7 @@ def test_hybrid_anchor_pools_stay_consistent(
             load_back_threshold=1,
         )
     )
-    held: list[Admission] = []
+    held: list[tuple[Admission, list[int]]] = []
     for op, doc, n in ops:
         tokens = [doc * 100 + i % 3 for i in range(n)]
         if op in ("serve", "hold"):
@@ -431,9 +468,12 @@ def test_hybrid_anchor_pools_stay_consistent(
             if adm is not None and op == "serve":
                 c.finish(adm, [*tokens, 1, 2, 3, 4], None)
             elif adm is not None:
-                held.append(adm)
+                held.append((adm, tokens))
+        elif op == "prefill" and held:  # a running request inserts what it has computed so far
+            adm, prompt = held[doc % len(held)]
+            c.insert_unfinished(adm, prompt[:n], None, chunked=n % 2 == 0)
         elif op == "release" and held:
-            c.finish(held.pop(0), tokens, None)
+            c.finish(held.pop(0)[0], tokens, None)
         elif op == "flush":
             assert c.flush() == (not held)
         elif op == "restart":
@@ -447,6 +487,8 @@ def _check_anchors(c: RadixCache, running: int) -> None:
     a, s = c.anchors, c.stats()
     assert a.cached == sum(n.mamba_gpu for n in nodes) and a.host_used == sum(n.mamba_host for n in nodes)
     assert a.running == running and s.mamba_used <= a.slots and s.mamba_host_used <= a.host_slots
+    pins = sum(n.mamba_lock for n in nodes) + sum(r.mamba_lock for r in c.tree.roots.values())
+    assert pins == running  # each running request pins exactly one node (moved by its inserts)
     assert all(n.gpu for n in nodes if n.mamba_gpu)
     assert s.gpu_used <= s.gpu_capacity and s.host_used <= s.host_capacity
     for n in nodes:

@@ -4,8 +4,10 @@ This mirrors SGLang's HiRadixCache (contract §3.1) at block granularity:
 
 - a request's blocks enter the GPU tier; a GPU hit touches them, a host hit is *promoted* (loaded back
   to GPU, the host copy stays), a storage hit is prefetched through host into GPU;
-- ``write_through``: every new block gets its host copy at insert; ``write_through_selective``: on its
-  second hit (a block found on GPU when recorded again); ``write_back``: only when the GPU evicts it;
+- ``write_through``: every new block gets its host copy at insert; ``write_through_selective`` too, in
+  effect: SGLang backs a node up on its second hit, and one served request already counts two (the insert
+  after prefill, ``cache_unfinished_req``, and the one at finish); ``write_back``: only when the GPU
+  evicts it;
 - GPU eviction: a block with a host copy becomes host-only; under ``write_back`` one without is demoted
   to host; otherwise (HiCache off, or write-through without a copy) it is dropped;
 - host eviction drops the host copy (least recently used first); the storage tier receives every block
@@ -63,6 +65,9 @@ def tier_warnings(state: ReplicaState) -> tuple[str, ...]:
             "but is not reused (the routing model ignores it); use --hicache-write-policy write_back",
         )
     return ()
+
+
+_COPY_AT_INSERT = ("write_through", "write_through_selective")  # see the module docstring
 
 
 class BlockLru:
@@ -176,7 +181,7 @@ class ReplicaTiers:
         g, h, s = self.runs(hashes)
         m = g + h + s
         host_on = self.host.capacity > 0
-        new = hashes[m:][::-1] if self.policy == "write_through" and host_on else ()
+        new = hashes[m:][::-1] if self.policy in _COPY_AT_INSERT and host_on else ()
         from_storage = hashes[g + h : m][::-1]
         from_host = hashes[g : h + g][::-1]
         second_hit: Sequence[BlockHash] = ()

@@ -76,7 +76,8 @@ class RefTiers:
                 self.storage.touch(block)
                 if host_on:
                     self.backup(block)
-            elif self.policy == "write_through" and host_on:  # new block, copied to host at once
+            elif self.policy in ("write_through", "write_through_selective") and host_on:
+                # new block, copied to host at once (selective: a served request counts two hits)
                 self.backup(block)
             self.gpu.touch(block)
         self.settle()

@@ -63,7 +63,7 @@ def probe(policy: WritePolicy | None, hybrid: bool = False) -> tuple[float, floa
     [
         ("write_back", False, 8),  # demoted on GPU eviction: a host reload
         ("write_through", False, 8),  # copied at insert
-        ("write_through_selective", False, 0),  # served once only: never backed up
+        ("write_through_selective", False, 8),  # served once = two hits (after prefill, at finish)
         (None, False, 0),  # HiCache off: dropped
         ("write_back", True, 8),  # hybrid + write_back reuses host (the seeds' fix)
         ("write_through", True, 0),  # hybrid + write_through: host copies are not reusable (the trap)
@@ -75,13 +75,13 @@ def test_a_document_evicted_from_gpu_is_found_in_host_only_where_sglang_reuses_i
     assert probe(policy, hybrid) == (0.0, host_blocks * BT)
 
 
-def test_selective_backs_up_on_the_second_hit_and_host_hits_are_promoted() -> None:
+def test_selective_backs_up_a_served_request_and_host_hits_are_promoted() -> None:
     model = CacheModel(CFG)
     state = replica(policy="write_through_selective")
     model.sync([state])
-    serve(model, doc(1))
+    serve(model, doc(1))  # SGLang counts two hits for one served request: the node is backed up
     tiers = model.tiers("a")
-    assert tiers is not None and len(tiers.host) == 0
+    assert tiers is not None and len(tiers.host) == 8
     serve(model, doc(1))
     assert len(tiers.host) == 8
     serve(model, doc(2))

@@ -129,13 +129,17 @@ def load_of(state: ReplicaState, tokens_per_request: int) -> float:
 
 
 class LoadTiePicker:
-    """Lowest cost; near-ties go to the least loaded, then to a seeded draw."""
+    """Lowest cost; near-ties go to the least loaded, then to the one this picker chose least recently
+    (so sequential misses at low concurrency rotate over idle replicas instead of clustering, and their
+    GPU and host pools fill evenly), then to a seeded draw (replicas never chosen yet). O(n) per pick."""
 
     def __init__(self, seed: int, rel_tol: float, tokens_per_request: int, abs_tol: float = 1e-9) -> None:
         self._rng = random.Random(seed)
         self._rel_tol = rel_tol
         self._abs_tol = abs_tol
         self._tokens_per_request = tokens_per_request
+        self._clock = 0
+        self._last_pick: dict[ReplicaId, int] = {}
 
     def ties(self, scored: Sequence[tuple[Candidate, float]]) -> list[Candidate]:
         """Candidates whose cost is within the tolerance of the best."""
@@ -152,4 +156,13 @@ class LoadTiePicker:
         loads = [load_of(c.state, self._tokens_per_request) for c in ties]
         least = min(loads)
         idle = [c for c, load in zip(ties, loads, strict=True) if load == least]
-        return idle[0] if len(idle) == 1 else self._rng.choice(idle)
+        if len(idle) > 1:
+            oldest = min(self._last_pick.get(c.id, -1) for c in idle)
+            idle = [c for c in idle if self._last_pick.get(c.id, -1) == oldest]
+        chosen = idle[0] if len(idle) == 1 else self._rng.choice(idle)
+        self._clock += 1
+        self._last_pick[chosen.id] = self._clock
+        return chosen
+
+    def forget(self, replica: ReplicaId) -> None:
+        self._last_pick.pop(replica, None)

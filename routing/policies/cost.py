@@ -10,7 +10,8 @@ Steps of ``route`` (produce, score, pick, then two guards; each exit names a Rea
    whole prefill time; a document evicted to host memory is a cheap reload there and a cold prefill
    elsewhere.
 3. Pick: lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie and go to the
-   least loaded, then to a seeded draw (``LoadTiePicker``), so misses spread over idle replicas.
+   least loaded, then to the least recently chosen, then to a seeded draw (``LoadTiePicker``), so
+   misses spread evenly over idle replicas.
 4. Session affinity: a session returns to the replica of its previous turn unless that replica's
    predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it changed the
    pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the mean number of
@@ -95,6 +96,7 @@ class CostPolicy:
         """A replica left the fleet: drop its learned rates and the sessions it held."""
         self.rates.forget(replica)
         self.sessions.forget_replica(replica)
+        self._picker.forget(replica)
 
     # ---- steps --------------------------------------------------------------------------------------
     def _guards(

@@ -314,7 +314,9 @@ async def test_metrics_and_status_show_decisions_accuracy_and_tier_warnings(
         if not served_by[e.url]:
             assert (e.url,) not in error
             continue
-        assert 0.0 <= error[(e.url,)] < 0.02  # the model predicted what the replica then reported
+        # the model predicted what the replica then reported (issue 5 target: <= 10% of prompt tokens;
+        # on the hybrid replica, resume points at chunk boundaries cost ~2% on growing conversations)
+        assert 0.0 <= error[(e.url,)] < 0.05
         state = await e.state()  # the replica's own counters agree with what the gateway relayed
         assert actual_mean[(e.url,)] == state["cached_tokens_total"] / served_by[e.url]
     async with http.get(gw.url + "/status") as resp:

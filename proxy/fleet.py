@@ -71,6 +71,8 @@ class Replica:
             page_size=i.page_size if i else 1,
             write_policy=i.write_policy if i else None,
             hybrid=i.hybrid if i else False,
+            resume_interval=i.resume_interval if i else 0,
+            resume_at_end=i.resume_at_end if i else True,
             max_running_requests=i.max_running_requests if i else 0,
             started_at=i.started_at if i else 0.0,
         )

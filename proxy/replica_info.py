@@ -7,7 +7,12 @@ Capacities follow the contract's §4 recipe, per TP rank:
   ``bytes_per_token = kvcache_GiB x 2^30 / token_capacity``;
 - storage: present when ``hicache_storage_backend`` is set; its size is not reported, so it is modelled
   as unbounded (``STORAGE_UNBOUNDED`` tokens; the cache model's own memory budget still applies).
-Hybrid models (GDN/Mamba + attention) are recognised by ``architectures``/``model_type``.
+Hybrid models (GDN/Mamba + attention) are recognised by ``architectures``/``model_type``. A hybrid model
+resumes a cached prefix only where it holds the recurrent state (contract §3.2): with
+``--mamba-scheduler-strategy extra_buffer`` at every ``mamba_track_interval`` tokens (page aligned) and
+nowhere else; otherwise at the end of each prefill chunk (``chunked_prefill_size``; -1 = no chunking, so
+only at the end of a served prompt) and at the end of each served prompt. ``resume_interval`` and
+``resume_at_end`` carry that to the cache model.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from routing.types import WritePolicy
 
 STORAGE_UNBOUNDED = 1 << 40
 _WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
+UNCHUNKED_INTERVAL = 1 << 40  # resume interval of a hybrid replica without chunked prefill: never mid-prompt
+DEFAULT_TRACK_INTERVAL = 256  # SGLang's --mamba-track-interval default
 _HYBRID_MARKERS = ("mamba", "jamba", "next", "hybrid", "nemotronh", "falconh1", "lfm2", "kimilinear", "zamba")
 
 
@@ -36,6 +43,27 @@ class ReplicaInfo:
     max_running_requests: int
     started_at: float
     cache_report: bool = False  # --enable-cache-report: a usage without prompt_tokens_details means 0 cached
+    chunked_prefill_size: int = 0  # tokens per prefill chunk; -1 = chunking off, 0 = not reported
+    mamba_scheduler_strategy: str = ""  # hybrid: "no_buffer", "extra_buffer" or "auto" (= no_buffer)
+    mamba_track_interval: int = 0  # hybrid with extra_buffer: tokens between tracked states; 0 = not reported
+
+    @property
+    def resume_interval(self) -> int:
+        """Engine tokens between resume points of a hybrid model (see the module docstring); 0 = any point
+        resumes (not hybrid, or the chunk size is not reported)."""
+        if not self.hybrid:
+            return 0
+        if self.mamba_scheduler_strategy == "extra_buffer":
+            track = self.mamba_track_interval or DEFAULT_TRACK_INTERVAL
+            return max(track // self.page_size, 1) * self.page_size
+        if self.chunked_prefill_size < 0:
+            return UNCHUNKED_INTERVAL
+        return self.chunked_prefill_size
+
+    @property
+    def resume_at_end(self) -> bool:
+        """Whether a served prompt's end is a resume point (extra_buffer keeps only tracked states)."""
+        return not self.hybrid or self.mamba_scheduler_strategy != "extra_buffer"
 
 
 def _num(d: Mapping[str, Any], key: str, default: float = 0.0) -> float:
@@ -96,4 +124,7 @@ def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -
         max_running_requests=int(_num(info, "max_running_requests")),
         started_at=_num(info, "startup_time"),
         cache_report=bool(info.get("enable_cache_report")),
+        chunked_prefill_size=int(_num(info, "chunked_prefill_size")),
+        mamba_scheduler_strategy=str(info.get("mamba_scheduler_strategy") or ""),
+        mamba_track_interval=int(_num(info, "mamba_track_interval")),
     )

@@ -15,7 +15,8 @@
 - ``match`` returns, per replica, the leading tokens found on GPU, then host, then storage. Host runs
   shorter than SGLang's load-back threshold (10 tokens) and storage runs shorter than its prefetch
   threshold (256 tokens) count as misses, and the total is capped at ``prompt_tokens - 1`` (the engine
-  always computes one token).
+  always computes one token). On a hybrid replica (``resume_interval`` > 0) a match that stops inside a
+  recorded prompt is first cut back to the last recurrent-state resume point (``routing.resume``).
 - ``record`` inserts the request's blocks optimistically on the chosen replica and remembers what it
   predicted; the blocks it newly added stay *provisional* until the request's outcome arrives. A
   request that failed before its first byte, or was recorded again elsewhere (a retry), never ran:
@@ -25,8 +26,9 @@
   the tier where the prediction broke shrinks by ``GAIN x missing fraction`` (and the tier evicts down
   to its new size). Higher means the model was pessimistic: both factors grow back toward 1. These
   comparisons convert the reported tokens to estimated ones with the learned ratio, so a wrong
-  chars-per-token guess is not mistaken for a capacity error. Every outcome adds |predicted - actual|
-  (in engine tokens) to the replica's accuracy statistics.
+  chars-per-token guess is not mistaken for a capacity error. On hybrid replicas a shortfall of up to one
+  resume interval is explained by resume points off the grid (``routing.resume``), not by evictions.
+  Every outcome adds |predicted - actual| (in engine tokens) to the replica's accuracy statistics.
 
 A replica's blocks live only in its own tiers, so ``forget`` is O(its blocks).
 """
@@ -36,10 +38,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from math import inf
 
 from routing.config import RoutingConfig
 from routing.pipeline import Outcome
 from routing.rates import robust_update
+from routing.resume import SequenceEnds, grid_tokens
 from routing.tiers import CountedBlocks, ReplicaTiers, host_reusable
 from routing.types import NO_MATCH, Decision, PrefixMatch, ReplicaId, ReplicaState, RoutingRequest
 
@@ -76,6 +80,7 @@ class _Accuracy:
 class _Replica:
     state: ReplicaState
     tiers: ReplicaTiers
+    ends: SequenceEnds  # hybrid: where recorded prompts ended (routing.resume)
     gpu_factor: float = 1.0
     host_factor: float = 1.0
 
@@ -88,6 +93,7 @@ class _Pending:
     host: float
     confirmed: float  # predicted tokens on blocks that were not provisional
     new_from: int  # first block index this request added
+    new_end: bool  # hybrid: this request added its prompt's end to the replica's SequenceEnds
 
 
 class CacheModel:
@@ -129,12 +135,13 @@ class CacheModel:
     def _sync_one(self, state: ReplicaState) -> bool:
         known = self._replicas.get(state.id)
         if known is None:
-            self._replicas[state.id] = _Replica(state, ReplicaTiers())
+            self._replicas[state.id] = _Replica(state, ReplicaTiers(), SequenceEnds())
             return True
         if known.state == state:
             return False
         if known.state.started_at and state.started_at and known.state.started_at != state.started_at:
             known.tiers.restart()
+            known.ends.clear()
             self._provisional.pop(state.id, None)
         old = known.state
         known.state = state
@@ -153,6 +160,8 @@ class CacheModel:
                 int(s * self._scale),
                 r.state.write_policy,
             )
+            t = r.tiers
+            r.ends.capacity = t.gpu.capacity + t.host.capacity + t.storage.capacity
 
     def _raw_capacity(self, state: ReplicaState) -> tuple[float, float, float]:
         bt = self._block_tokens * self._engine_ratio  # engine tokens per block
@@ -170,7 +179,8 @@ class CacheModel:
             return out
         for state in replicas:
             r = self._replicas[state.id]
-            out[state.id] = self._to_tokens(req, *r.tiers.runs(hashes))
+            g, h, s = r.tiers.runs(hashes)
+            out[state.id] = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
         return out
 
     def record(self, req: RoutingRequest, decision: Decision) -> None:
@@ -183,7 +193,10 @@ class CacheModel:
             self._rollback(previous)
         hashes = req.block_hashes
         g, h, s = r.tiers.insert(hashes)
-        m = self._to_tokens(req, g, h, s)
+        m = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
+        new_end = False
+        if r.state.resume_interval > 0 and r.state.resume_at_end:
+            new_end = r.ends.add(hashes, req.prompt_tokens, req.block_tokens)
         provisional = self._provisional.setdefault(decision.replica, CountedBlocks())
         confirmed = provisional.first_of(hashes[: g + h + s])
         provisional.add(hashes[g + h + s :])
@@ -194,6 +207,7 @@ class CacheModel:
             m.host_tokens + m.storage_tokens,
             min(m.total_tokens, confirmed * req.block_tokens),
             g + h + s,
+            new_end,
         )
         self._pending[id(req)] = pending
         if len(self._pending) > MAX_PENDING:
@@ -221,7 +235,8 @@ class CacheModel:
         ratio = self._engine_ratio
         actual = float(outcome.cached_tokens)
         self._account(p, actual, float(outcome.prompt_tokens or p.request.prompt_tokens * ratio), ratio)
-        tolerance = max(2.0 * p.request.block_tokens, 0.1 * (p.gpu + p.host))
+        resume_slack = r.state.resume_interval / ratio  # hybrid: resume points off the grid
+        tolerance = max(2.0 * p.request.block_tokens, 0.1 * (p.gpu + p.host), resume_slack)
         resized = self._learn(r, p, actual / ratio, tolerance)
         if resized or abs(ratio - self._sized_ratio) > 0.1 * self._sized_ratio:
             self._resize()
@@ -243,11 +258,27 @@ class CacheModel:
         return out
 
     # ---- internals ----------------------------------------------------------------------------------
-    def _to_tokens(self, req: RoutingRequest, g: int, h: int, s: int) -> PrefixMatch:
+    def _resume_limit(self, req: RoutingRequest, r: _Replica, n: int) -> float:
+        """Estimated tokens a hybrid replica can resume from when ``n`` leading blocks match (see
+        ``routing.resume``); ``inf`` when the match is whole or the replica is not hybrid."""
+        interval = r.state.resume_interval
+        if interval <= 0 or n <= 0:
+            return inf
+        bt = req.block_tokens
+        if r.state.resume_at_end and r.ends.contained(req.block_hashes[n - 1], req.prompt_tokens, bt):
+            return inf
+        ratio = self._engine_ratio
+        return grid_tokens(n * bt * ratio, interval) / ratio
+
+    def _to_tokens(self, req: RoutingRequest, g: int, h: int, s: int, resume: float = inf) -> PrefixMatch:
         if not g and not h and not s:
             return NO_MATCH
         bt = req.block_tokens
         gpu, host, storage = g * bt, h * bt, s * bt
+        if resume < gpu + host + storage:  # a hybrid replica resumes only at a resume point
+            gpu = min(gpu, resume)
+            host = min(host, resume - gpu)
+            storage = min(storage, resume - gpu - host)
         if 0 < host < LOAD_BACK_MIN_TOKENS:
             host, storage = 0.0, 0.0
         if storage < PREFETCH_MIN_TOKENS:
@@ -268,8 +299,12 @@ class CacheModel:
         """Undoes the optimistic insert of a request that never ran: its new blocks leave the tiers."""
         self._release(p)
         r = self._replicas.get(p.replica)
-        if r is not None:
-            r.tiers.discard(p.request.block_hashes[p.new_from :])
+        hashes = p.request.block_hashes
+        if r is None:
+            return
+        r.tiers.discard(hashes[p.new_from :])
+        if p.new_end:
+            r.ends.discard(hashes[-1])
 
     def _release(self, p: _Pending) -> None:
         provisional = self._provisional.get(p.replica)

@@ -68,6 +68,11 @@ class ReplicaState:
     page_size: int = 1
     write_policy: WritePolicy | None = None  # None = HiCache off
     hybrid: bool = False  # hybrid (GDN/Mamba + attention) model
+    # hybrid only: engine tokens between recurrent-state resume points, i.e. where a prefix that stops inside
+    # a cached sequence can resume (the prefill chunk size, or the mamba track interval with extra_buffer;
+    # contract §3.2); 0 = not hybrid: any point resumes
+    resume_interval: int = 0
+    resume_at_end: bool = True  # hybrid: a served prompt's end is a resume point too (not with extra_buffer)
     max_running_requests: int = 0  # 0 = unknown
     started_at: float = 0.0  # replica start time as reported; a change means a restart
 

@@ -92,3 +92,29 @@ class RefTiers:
 
     def restart(self) -> None:
         self.gpu.items, self.host.items = [], []
+
+
+class RefEnds:
+    """Where recorded prompts ended (hybrid replicas): (last block, shortest length in blocks), least
+    recently recorded first; over capacity it drops ``excess + capacity // 64`` of the oldest at once."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[int, float]] = []
+        self.capacity = 0
+
+    def length(self, end: int) -> float | None:
+        for block, length in self.items:
+            if block == end:
+                return length
+        return None
+
+    def add(self, hashes: Sequence[int], prompt_tokens: float, block_tokens: float) -> None:
+        length = prompt_tokens / block_tokens
+        if not hashes or length > len(hashes) + 1.5:  # a prompt cut at max_blocks has no hashed end
+            return
+        end = hashes[-1]
+        known = self.length(end)
+        self.items = [(b, n) for b, n in self.items if b != end]
+        self.items.append((end, length if known is None else min(known, length)))
+        if len(self.items) > self.capacity:
+            self.items = self.items[len(self.items) - self.capacity + self.capacity // 64 :]

@@ -1,8 +1,10 @@
 """State-machine test: CacheModel against the naive list-based reference (tests/routing/reference.py).
 
-Random fleets (capacities, write policies, hybrid flags, a global budget), random requests drawn from a
-few shared documents plus random tails, restarts and forgets; after every step the model's tiers must
-equal the reference's block for block, in LRU order, and every match must agree.
+Random fleets (capacities, write policies, hybrid flags with resume intervals, a global budget), random
+requests drawn from a few shared documents plus random tails, restarts and forgets; after every step the
+model's tiers must equal the reference's block for block, in LRU order, and every match must agree,
+including the cut of hybrid matches to their resume points (routing.resume: the end of a recorded prompt
+that the request is longer than, else the last multiple of the resume interval).
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from routing.cache_model import LOAD_BACK_MIN_TOKENS, PREFETCH_MIN_TOKENS, CacheModel
 from routing.config import RoutingConfig
 from routing.types import Decision, PrefixMatch, Reason, ReplicaState, RoutingRequest, WritePolicy
-from tests.routing.reference import RefTiers
+from tests.routing.reference import RefEnds, RefTiers
 
-REPLICAS = ("r0", "r1", "r2")
+REPLICAS = ("r0", "r1", "r2", "r3")
 POLICIES: tuple[WritePolicy | None, ...] = (None, "write_back", "write_through", "write_through_selective")
 DOCS = tuple(tuple(range(1000 * d, 1000 * d + 40)) for d in range(1, 5))
 
@@ -40,13 +42,27 @@ def _request(hashes: tuple[int, ...]) -> RoutingRequest:
     return RoutingRequest(model="m", block_hashes=hashes, prompt_tokens=len(hashes) + 1, block_tokens=1.0)
 
 
-def _ref_tokens(g: int, h: int, s: int) -> PrefixMatch:
-    host, storage = float(h), float(s)
+def _ref_tokens(g: int, h: int, s: int, cap: float = float("inf")) -> PrefixMatch:
+    gpu, host, storage = float(g), float(h), float(s)
+    if cap < gpu + host + storage:
+        gpu = min(gpu, cap)
+        host = min(host, cap - gpu)
+        storage = min(storage, cap - gpu - host)
     if 0 < host < LOAD_BACK_MIN_TOKENS:
         host, storage = 0.0, 0.0
     if storage < PREFETCH_MIN_TOKENS:
         storage = 0.0
-    return PrefixMatch(float(g), host, storage)
+    return PrefixMatch(gpu, host, storage)
+
+
+def _ref_resume(state: ReplicaState, ends: RefEnds, hashes: tuple[int, ...], n: int) -> float:
+    """Block tokens are 1 and the engine ratio stays 1: a match of n blocks is n engine tokens."""
+    if state.resume_interval <= 0 or n == 0:
+        return float("inf")
+    length = ends.length(hashes[n - 1]) if state.resume_at_end else None
+    if length is not None and (len(hashes) + 1) - length > 1.5:  # contains the recorded prompt
+        return float("inf")
+    return float(n // state.resume_interval * state.resume_interval)
 
 
 class CacheModelMachine(RuleBasedStateMachine):
@@ -55,10 +71,12 @@ class CacheModelMachine(RuleBasedStateMachine):
         self.budget = budget
         self.model = CacheModel(RoutingConfig(block_chars=4, chars_per_token=4.0, model_budget_blocks=budget))
         self.ref: dict[str, RefTiers] = {}
+        self.ends: dict[str, RefEnds] = {}
         self.states: dict[str, ReplicaState] = {}
         self.sync("r0", 12, 15, 300, "write_back", False, False)  # a storage tier behind a small host
         self.sync("r1", 12, 30, 0, "write_through", False, False)
         self.sync("r2", 12, 30, 300, "write_through_selective", False, False)
+        self.sync("r3", 12, 30, 0, "write_back", True, False, 4, True)  # hybrid: resumes every 4 blocks
 
     def _ref_resize(self) -> None:
         raw = {rid: self._raw(s) for rid, s in self.states.items()}
@@ -68,6 +86,8 @@ class CacheModelMachine(RuleBasedStateMachine):
             self.ref[rid].configure(
                 int(g * scale), int(h * scale), int(s * scale), self.states[rid].write_policy
             )
+            tiers = self.ref[rid]
+            self.ends[rid].capacity = tiers.gpu.capacity + tiers.host.capacity + tiers.storage.capacity
 
     @staticmethod
     def _raw(state: ReplicaState) -> tuple[float, float, float]:
@@ -90,6 +110,8 @@ class CacheModelMachine(RuleBasedStateMachine):
         policy=st.sampled_from(POLICIES),
         hybrid=st.booleans(),
         restart=st.booleans(),
+        interval=st.sampled_from([0, 4, 7]),
+        at_end=st.booleans(),
     )
     def sync(
         self,
@@ -100,6 +122,8 @@ class CacheModelMachine(RuleBasedStateMachine):
         policy: WritePolicy | None,
         hybrid: bool,
         restart: bool,
+        interval: int = 0,
+        at_end: bool = True,
     ) -> None:
         old = self.states.get(rid)
         started = (old.started_at + (1 if restart else 0)) if old else 1.0
@@ -111,12 +135,16 @@ class CacheModelMachine(RuleBasedStateMachine):
             write_policy=policy,
             hybrid=hybrid,
             started_at=started,
+            resume_interval=interval if hybrid else 0,
+            resume_at_end=at_end,
         )
         self.model.sync([state])
         if rid not in self.ref:
             self.ref[rid] = RefTiers()
+            self.ends[rid] = RefEnds()
         elif old is not None and old.started_at != started:
             self.ref[rid].restart()
+            self.ends[rid] = RefEnds()
         self.states[rid] = state
         self._ref_resize()
 
@@ -127,17 +155,38 @@ class CacheModelMachine(RuleBasedStateMachine):
         runs = self.ref[rid].runs(hashes)
         self.model.record(_request(hashes), Decision(replica=rid, reason=Reason.LEAST_COST))
         assert self.ref[rid].insert(hashes) == runs
+        state = self.states[rid]
+        if state.resume_interval > 0 and state.resume_at_end:
+            self.ends[rid].add(hashes, len(hashes) + 1, 1.0)
+        self.last = (rid, hashes)
+
+    @rule(cut=st.integers(0, 6), extra=st.integers(0, 3), again=st.booleans())
+    def follow_up(self, cut: int, extra: int, again: bool) -> None:
+        """The last recorded request again, shortened by ``cut`` blocks and grown by ``extra`` (a re-send,
+        a branch, a grown conversation), matched and maybe recorded on the same replica."""
+        last = getattr(self, "last", None)
+        if last is None or len(last[1]) <= cut:
+            return
+        rid, hashes = last
+        follow = _chain(hashes[: len(hashes) - cut], list(range(extra)))
+        self.match(follow)
+        if again:
+            self.record(rid, follow)
 
     @rule(hashes=requests)
     def match(self, hashes: tuple[int, ...]) -> None:
         got = self.model.match(_request(hashes), list(self.states.values()))
-        want = {rid: _ref_tokens(*self.ref[rid].runs(hashes)) for rid in self.states}
+        want = {}
+        for rid, state in self.states.items():
+            g, h, s = self.ref[rid].runs(hashes)
+            want[rid] = _ref_tokens(g, h, s, _ref_resume(state, self.ends[rid], hashes, g + h + s))
         assert dict(got) == want
 
     @rule(rid=st.sampled_from(REPLICAS))
     def forget(self, rid: str) -> None:
         self.model.forget(rid)
         self.ref.pop(rid, None)
+        self.ends.pop(rid, None)
         self.states.pop(rid, None)
         self._ref_resize()
 

@@ -1,0 +1,164 @@
+"""`kvroute bench`: every workload against every system, each on a fresh emulated fleet.
+
+    kvroute bench [all|WORKLOAD...] [--systems NAME,...] [--replicas 4] [--time-scale S] [--seed N] [--quick]
+
+For each workload, for each system: start N fresh emulated replicas (HiCache write_back, cache report,
+metrics, debug endpoints), start the system from its command template (or none for client-side round
+robin), wait for readiness, replay the workload with a progress bar, read each replica's request counter,
+stop everything we started. Then write bench/results/<workload>/ (table.md, summary.json, records.json,
+PNG plots) and the workload's block in bench/README.md. A system whose process does not come up (e.g.
+a kvroute policy not implemented yet) is skipped with the reason in the table's notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench import plots, report, systems, workloads
+from bench.fleet import FleetSpec, replica_counters
+from bench.progress import Progress
+from bench.runner import Record, replay, rotating, served_model
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    workloads: tuple[str, ...]
+    systems: tuple[systems.System, ...]
+    fleet: FleetSpec
+    seed: int
+    quick: bool
+    out_dir: Path
+    readme: Path | None
+    max_run_s: float
+    command: str
+    time_scale: float | None = None  # None: each workload's own (Workload.time_scale)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    records: list[Record] | None
+    per_replica: dict[str, int]
+    skipped: str = ""
+
+
+async def _replay(
+    cfg: BenchConfig, wl: workloads.Workload, urls: list[str], progress: Progress
+) -> list[Record]:
+    """Replay through one proxy URL, or rotate over the replicas' URLs (client-side round robin)."""
+    model = await served_model(urls[0])
+    return await replay(wl, rotating(urls), cfg.fleet.time_scale, cfg.max_run_s, progress, model)
+
+
+async def run_system(cfg: BenchConfig, wl: workloads.Workload, system: systems.System) -> RunResult:
+    logs = cfg.out_dir / wl.name / "logs"
+    progress = Progress(f"{wl.name:<8} {system.name}", len(wl.requests))
+    async with systems.emulator_fleet(
+        cfg.fleet.replicas, cfg.fleet.args(cfg.seed), logs / f"{system.name}.emulator.log"
+    ) as fleet:
+        before = await replica_counters(fleet.urls)
+        try:
+            if system.proxied:
+                async with systems.system_process(system, fleet.urls, logs / f"{system.name}.log") as proc:
+                    records = await _replay(cfg, wl, [proc.urls[0]], progress)
+            else:
+                records = await _replay(cfg, wl, fleet.urls, progress)
+        except systems.SystemUnavailable as exc:
+            progress.close(f"skipped: {exc}"[:300])
+            return RunResult(None, {}, str(exc)[:300])
+        after = await replica_counters(fleet.urls)
+    progress.close()
+    per_replica = {r: after.get(r, 0) - before.get(r, 0) for r in after} if after else {}
+    return RunResult(records, per_replica)
+
+
+async def run_workload(cfg: BenchConfig, name: str) -> str:
+    wl = workloads.build(name, cfg.seed, cfg.fleet.shape, cfg.quick)
+    cfg = replace(cfg, fleet=replace(cfg.fleet, time_scale=cfg.time_scale or wl.time_scale))
+    print(f"== {name}: {len(wl.requests)} requests, ~{wl.prompt_tokens} prompt tokens, "
+          f"concurrency <= {wl.concurrency}", file=sys.stderr)  # fmt: skip
+    summaries, all_records, skipped = [], {}, {}
+    for system in cfg.systems:
+        result = await run_system(cfg, wl, system)
+        if result.records is None:
+            skipped[system.name] = result.skipped
+            continue
+        all_records[system.name] = result.records
+        summaries.append(report.summarize(system.name, result.records, result.per_replica, system.note))
+    meta = {**cfg.fleet.meta(), "seed": cfg.seed, "quick": cfg.quick, "requests": len(wl.requests),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+    md = report.write_results(cfg.out_dir, name, meta, summaries, all_records, skipped)
+    if summaries:
+        plots.write_all(cfg.out_dir, name, summaries, all_records)
+    if cfg.readme is not None:
+        report.update_readme(cfg.readme, cfg.command, meta, {name: md})
+    print(md, file=sys.stderr)
+    return md
+
+
+def parse(argv: Sequence[str]) -> BenchConfig:
+    p = argparse.ArgumentParser(prog="kvroute bench", description="the fleet benchmark")
+    p.add_argument(
+        "workloads", nargs="*", default=["all"], help=f"all or any of {', '.join(workloads.GENERATORS)}"
+    )
+    p.add_argument(
+        "--systems", default="", help="comma-separated names or groups (kvroute, sglang); default all"
+    )
+    p.add_argument("--replicas", type=int, default=4)
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        help="wall seconds per modelled second (default: each workload's, 0.1-0.2)",
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="a much smaller run")
+    p.add_argument("--max-total-tokens", type=int, default=None, help="per-replica GPU KV pool in tokens")
+    p.add_argument(
+        "--max-run-seconds", type=float, default=170.0, help="wall-clock cap per workload x system"
+    )
+    p.add_argument("--out", type=Path, default=BENCH_DIR / "results")
+    p.add_argument("--no-readme", action="store_true", help="do not update bench/README.md")
+    a = p.parse_args(argv)
+    names = list(workloads.GENERATORS) if a.workloads in ([], ["all"]) else a.workloads
+    for n in names:
+        if n not in workloads.GENERATORS:
+            p.error(f"unknown workload {n!r}")
+    fleet = FleetSpec.default(a.replicas, a.quick, a.time_scale, a.max_total_tokens)
+    if a.time_scale is not None and a.time_scale <= 0:
+        p.error("--time-scale must be positive")
+    chosen = systems.select([s for s in a.systems.split(",") if s])
+    readme = None if a.no_readme else BENCH_DIR / "README.md"
+    command = shlex.join(["kvroute", "bench", *argv])
+    return BenchConfig(
+        tuple(names), chosen, fleet, a.seed, a.quick, a.out, readme, a.max_run_seconds, command, a.time_scale
+    )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # asyncio.run cancels the run, and every `async with` stops its process
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        cfg = parse(argv)
+    except ValueError as exc:
+        print(f"kvroute bench: {exc}", file=sys.stderr)
+        return 2
+    for name in cfg.workloads:
+        try:
+            asyncio.run(run_workload(cfg, name))
+        except systems.SystemUnavailable as exc:
+            print(f"kvroute bench: the emulated fleet did not start: {exc}", file=sys.stderr)
+            return 1
+    return 0

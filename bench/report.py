@@ -1,0 +1,250 @@
+"""Summaries, markdown tables, JSON files and the fleet section of bench/README.md.
+
+Definitions (all over one workload x system run; times in modelled seconds):
+- TTFT statistics over successful requests; percentiles by linear interpolation between order
+  statistics (p50 of [1, 2, 3, 4] is 2.5).
+- token-weighted cache hit ratio = sum(cached_tokens) / sum(prompt_tokens) over successful requests
+  (a 40K-token hit weighs 400 times a 100-token one, as GPU time does).
+- throughput = successful requests / makespan, makespan = last completion - first send.
+- per-replica load = generation requests each replica served (emulator counters when available, else
+  the per-request attribution); reported as max and max/mean.
+- probe extras: mean TTFT of each phase tag (cold, pressure, resend1, resend2); "resent" = resend1 and
+  resend2 together: the documents re-sent after eviction pressure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.runner import Record
+
+README_BEGIN = "<!-- fleet-bench:begin -->"
+README_END = "<!-- fleet-bench:end -->"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def hit_ratio(records: Sequence[Record]) -> float:
+    ok = [r for r in records if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    return sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0
+
+
+def load_balance(per_replica: Mapping[str, int]) -> tuple[int, float]:
+    """(max requests on one replica, max / mean), the mean over every replica in the fleet."""
+    if not per_replica:
+        return 0, float("nan")
+    counts = list(per_replica.values())
+    avg = sum(counts) / len(counts)
+    return max(counts), (max(counts) / avg if avg else float("nan"))
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    system: str
+    requests: int
+    errors: int
+    mean_ttft: float
+    p50_ttft: float
+    p99_ttft: float
+    hit_ratio: float
+    throughput: float
+    max_replica: int
+    max_over_mean: float
+    per_replica: dict[str, int] = field(default_factory=dict)
+    by_tag: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+def summarize(
+    system: str, records: Sequence[Record], per_replica: Mapping[str, int] | None = None, note: str = ""
+) -> Summary:
+    ok = [r for r in records if r.ok]
+    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
+    ends = [r.sent_s + (r.e2e_s or 0.0) for r in ok]
+    span = (max(ends) - min(r.sent_s for r in ok)) if ok else 0.0
+    loads = dict(per_replica) if per_replica else dict(Counter(r.replica for r in ok))
+    peak, ratio = load_balance(loads)
+    tags: dict[str, list[float]] = {}
+    for r in ok:
+        tags.setdefault(r.tag, []).append(r.ttft_s or 0.0)
+    by_tag = {t: mean(v) for t, v in sorted(tags.items())}
+    resent = tags.get("resend1", []) + tags.get("resend2", [])
+    if resent:
+        by_tag["resent"] = mean(resent)
+    return Summary(
+        system,
+        len(records),
+        len(records) - len(ok),
+        mean(ttfts),
+        percentile(ttfts, 50),
+        percentile(ttfts, 99),
+        hit_ratio(records),
+        len(ok) / span if span > 0 else 0.0,
+        peak,
+        ratio,
+        loads,
+        by_tag,
+        note,
+    )
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return "n/a" if x != x else f"{x:.{digits}f}"
+
+
+EXTRA_COLUMNS: dict[str, tuple[str, ...]] = {
+    "probe": ("cold", "resend1", "resend2", "resent"),
+    "mixed": ("short", "long"),
+}
+
+
+def table(summaries: Sequence[Summary], extra: Sequence[str] = ()) -> str:
+    """Markdown table; `extra` adds the mean TTFT of these request tags (e.g. probe's "resent")."""
+    head = ["system", "requests", "errors", "mean TTFT s", "p50 TTFT s", "p99 TTFT s", "hit ratio",
+            "req/s", "max/replica", "max/mean", *(f"{tag} s" for tag in extra)]  # fmt: skip
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        cells = [s.system, str(s.requests), str(s.errors), _f(s.mean_ttft), _f(s.p50_ttft), _f(s.p99_ttft),
+                 _f(s.hit_ratio, 3), _f(s.throughput), str(s.max_replica), _f(s.max_over_mean)]  # fmt: skip
+        cells += [_f(s.by_tag.get(tag, float("nan"))) for tag in extra]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def comparison(summaries: Sequence[Summary], subject: str = "kvroute-cost", oracle: str = "oracle") -> str:
+    """One line: subject's mean/p99 TTFT over the best other non-oracle's; hit ratio over the oracle's."""
+    by_name = {s.system: s for s in summaries}
+    me, ref = by_name.get(subject), by_name.get(oracle)
+    others = [s for s in summaries if s.system not in (subject, oracle) and s.mean_ttft == s.mean_ttft]
+    if me is None or not others:
+        return ""
+    best_mean = min(others, key=lambda s: s.mean_ttft)
+    best_p99 = min(others, key=lambda s: s.p99_ttft)
+    parts = [
+        f"{subject}: mean TTFT {_f(me.mean_ttft / best_mean.mean_ttft)}x the best other non-oracle "
+        f"({best_mean.system} {_f(best_mean.mean_ttft)} s)",
+        f"p99 {_f(me.p99_ttft / best_p99.p99_ttft)}x ({best_p99.system} {_f(best_p99.p99_ttft)} s)",
+    ]
+    if ref is not None and ref.hit_ratio > 0:
+        parts.append(f"hit ratio {_f(me.hit_ratio / ref.hit_ratio)}x the oracle's")
+    if "resent" in me.by_tag and ref is not None and "resent" in ref.by_tag:
+        parts.append(f"re-sent docs {_f(me.by_tag['resent'] / ref.by_tag['resent'])}x the oracle's TTFT")
+    return "; ".join(parts) + "."
+
+
+def write_results(
+    out_dir: Path,
+    workload: str,
+    meta: Mapping[str, object],
+    summaries: Sequence[Summary],
+    records: Mapping[str, Sequence[Record]],
+    skipped: Mapping[str, str],
+) -> str:
+    """Write summary.json, records.json and table.md under out_dir/<workload>/; return the table."""
+    target = out_dir / workload
+    target.mkdir(parents=True, exist_ok=True)
+    md = table(summaries, EXTRA_COLUMNS.get(workload, ()))
+    line = comparison(summaries)
+    if line:
+        md += "\n\n" + line
+    if skipped:
+        md += "\n\n" + "\n".join(f"- skipped {name}: {why}" for name, why in skipped.items())
+    (target / "table.md").write_text(md + "\n")
+    summary = {"meta": meta, "summaries": [asdict(s) for s in summaries], "skipped": dict(skipped)}
+    (target / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    raw = {name: [asdict(r) for r in recs] for name, recs in records.items()}
+    (target / "records.json").write_text(json.dumps(raw, separators=(",", ":")) + "\n")
+    return md
+
+
+def _block(name: str, command: str, meta: Mapping[str, object], md: str) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in meta.items())
+    return "\n".join(
+        [
+            f"<!-- fleet-bench:{name}:begin -->",
+            f"### {name}",
+            "",
+            f"`{command}` ({settings})",
+            "",
+            md,
+            "",
+            f"Raw records, summary and plots: `bench/results/{name}/`.",
+            f"<!-- fleet-bench:{name}:end -->",
+        ]
+    )
+
+
+def _replace_block(text: str, name: str, block: str) -> str:
+    begin, end = f"<!-- fleet-bench:{name}:begin -->", f"<!-- fleet-bench:{name}:end -->"
+    if begin in text and end in text:
+        before, rest = text.split(begin, 1)
+        return before + block + rest.split(end, 1)[1]
+    before, after = text.split(README_END, 1)
+    return before + block + "\n\n" + README_END + after
+
+
+def update_readme(readme: Path, command: str, meta: Mapping[str, object], tables: Mapping[str, str]) -> None:
+    """Refresh the fleet section's head and each run workload's block in bench/README.md; keep the rest."""
+    text = readme.read_text() if readme.exists() else "# kvroute benchmarks\n"
+    if README_BEGIN not in text or README_END not in text:
+        text = text.rstrip("\n") + "\n\n" + README_BEGIN + "\n" + README_END + "\n"
+    head = "\n".join(["<!-- fleet-bench:head:begin -->", SECTION_HEAD, "<!-- fleet-bench:head:end -->"])
+    text = _replace_block(text, "head", head)
+    for name, md in tables.items():
+        text = _replace_block(text, name, _block(name, command, meta, md))
+    readme.write_text(text)
+
+
+SECTION_HEAD = """## Fleet benchmark (latest tables)
+
+    make bench                       # = kvroute bench all: every workload x every system (~15-20 min)
+    kvroute bench agent probe --quick --systems sglang,oracle,kvroute-cost
+
+For every workload and every system the runner starts FRESH emulated SGLang replicas (default 4;
+`--enable-hierarchical-cache --hicache-write-policy write_back --hicache-ratio 2 --enable-cache-report
+--enable-metrics --emu-debug`, GPU pool capped by `--max-total-tokens`), starts the system from its
+command template, waits for `GET /v1/models` 200, replays the workload with streaming and
+`stream_options.include_usage` (open-loop arrivals, a concurrency cap, a wall-clock cap per run), and
+stops everything it started.
+
+Systems: `kvroute-<policy>` (cost, round_robin, least_load, cache_aware, consistent_hash; a policy the
+gateway does not have yet is listed as skipped), `sglang-<policy>` (sglang-router 0.3.2: cache_aware,
+round_robin, power_of_two), `client-rr` (no proxy, the client rotates replica URLs) and `oracle`
+(`bench/oracle.py`: asks every emulator `POST /_emu/predict` for the true predicted TTFT of this
+request and forwards to the lowest; being greedy per request it is a strong reference, not a strict
+bound).
+
+Workloads (seeded; sized so the working set exceeds the fleet's GPU pools but fits GPU + host):
+`agent` (multi-turn sessions sharing a ~6K-token system prompt + tool schemas; each turn appends a
+tool output and a fixed-length deterministic stand-in of the previous reply, so every system gets the
+same bytes; sessions send `x-session-id`), `rag` (long documents, Zipf popularity, many questions per
+document), `probe` (the seeds' eviction-reuse probe, sequential: cold documents, eviction pressure,
+re-send, re-send), `noreuse` (unique prompts), `hot` (80% of requests on one document, many
+concurrent clients), `mixed` (long documents interleaved with short chat).
+
+Columns: TTFT in modelled seconds (wall / time scale, so comparable to the seeds' figures; CPU time of
+the client, proxy and emulator is included and scaled up by the same factor); hit ratio = sum
+cached_tokens / sum prompt_tokens; req/s in modelled time; max/replica and max/mean = requests served
+by the busiest replica (emulator counters) and its ratio to the fleet mean. probe: mean TTFT of the
+first sends ("cold s") and of the documents re-sent after eviction pressure, first and second time
+("resend1 s", "resend2 s", both: "resent s"). mixed: mean TTFT of the short and the long requests.
+The line under each table compares kvroute's default policy (cost) with the best other non-oracle
+system and with the oracle (issue 5's targets are such ratios).
+"""

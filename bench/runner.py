@@ -1,0 +1,279 @@
+"""Replay a workload through one OpenAI endpoint and record what every request got.
+
+Scheduling: requests without `after` are released at `arrival_s * time_scale` (open loop); a request
+with `after` is released `think_s * time_scale` after the request it follows has finished (closed loop,
+whatever the outcome). A semaphore caps requests in flight (`Workload.concurrency`); a request waiting
+for a slot records that wait. The whole replay is bounded by a wall-clock deadline: requests not yet sent
+are recorded as errors ("deadline"), requests still in flight are cancelled ("timeout").
+
+Every request is streamed with `stream_options.include_usage`. TTFT is the time from sending to the first
+SSE event that carries content (text, a content delta, a tool-call delta or reasoning). Times are
+recorded in *modelled* seconds (wall seconds / time scale) so they read like the seeds' figures; the
+runner's own CPU time is included in that, divided by the same scale.
+
+The serving replica comes from the emulator's `x-emu-replica` header (relayed by a proxy), else
+kvroute's `x-kvroute-replica`, else the URL the request was sent to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench.progress import Progress
+from bench.workloads import TimedRequest, Workload
+
+Chooser = Callable[[TimedRequest], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    index: int
+    tag: str
+    session: str
+    status: int
+    error: str
+    sent_s: float
+    wait_s: float
+    ttft_s: float | None
+    e2e_s: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    expected_prompt_tokens: int
+    replica: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.ttft_s is not None
+
+
+def replica_id(value: str) -> str:
+    """Normalise 'http://host:port/' and 'host:port' to 'host:port'."""
+    return value.split("://", 1)[-1].rstrip("/")
+
+
+@dataclass(slots=True)
+class _Stream:
+    ttft: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    error: str = ""
+
+    def feed(self, event: dict[str, Any], now: float) -> None:
+        if "error" in event and not event.get("choices"):
+            err = event["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+        if self.ttft is None and any(_has_content(c) for c in event.get("choices") or ()):
+            self.ttft = now
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details") or {}
+            self.cached_tokens = int(details.get("cached_tokens") or 0)
+
+
+def _has_content(choice: dict[str, Any]) -> bool:
+    if choice.get("text"):
+        return True
+    delta = choice.get("delta") or {}
+    return bool(delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"))
+
+
+def stream_body(req: TimedRequest, model: str | None = None) -> bytes:
+    """The request's body, streamed with usage; `model` replaces the workload's placeholder name."""
+    body = dict(req.body)
+    if model is not None and "model" in body:
+        body["model"] = model
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+async def send_one(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    req: TimedRequest,
+    scale: float,
+    t0: float,
+    sticky: bool = False,
+    model: str | None = None,
+) -> Record:
+    """Send one streamed request; never raises for HTTP or protocol failures.
+
+    `sticky`: send the session id as `x-session-id` (multi-turn workloads; routers may use it).
+    """
+    start = time.perf_counter()
+    headers = {"content-type": "application/json"}
+    if sticky:
+        headers["x-session-id"] = req.session
+    state = _Stream()
+    status, replica = 0, replica_id(base_url)
+    try:
+        async with session.post(base_url + req.path, data=stream_body(req, model), headers=headers) as resp:
+            status = resp.status
+            replica = replica_id(
+                resp.headers.get("x-emu-replica") or resp.headers.get("x-kvroute-replica") or base_url
+            )
+            if status != 200:
+                state.error = f"HTTP {status}: {(await resp.text())[:160]}"
+            else:
+                await _read_events(resp, state, start)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        state.error = f"{type(exc).__name__}: {exc}"[:200]
+    end = time.perf_counter()
+    if state.ttft is None and not state.error:
+        state.error = "no content in stream"
+    return Record(
+        index=req.index,
+        tag=req.tag,
+        session=req.session,
+        status=status,
+        error=state.error,
+        sent_s=(start - t0) / scale,
+        wait_s=0.0,
+        ttft_s=None if state.ttft is None else (state.ttft - start) / scale,
+        e2e_s=(end - start) / scale,
+        prompt_tokens=state.prompt_tokens,
+        cached_tokens=state.cached_tokens,
+        completion_tokens=state.completion_tokens,
+        expected_prompt_tokens=req.expected_prompt_tokens,
+        replica=replica,
+    )
+
+
+async def _read_events(resp: aiohttp.ClientResponse, state: _Stream, start: float) -> None:
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        state.feed(orjson.loads(data), time.perf_counter())
+
+
+def _failed(req: TimedRequest, error: str) -> Record:
+    return Record(
+        req.index,
+        req.tag,
+        req.session,
+        0,
+        error,
+        0.0,
+        0.0,
+        None,
+        None,
+        0,
+        0,
+        0,
+        req.expected_prompt_tokens,
+        "",
+    )
+
+
+class Replay:
+    """One replay of a workload against a chooser of base URLs."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        choose: Chooser,
+        scale: float,
+        deadline_s: float,
+        progress: Progress,
+        model: str | None,
+    ) -> None:
+        self._w = workload
+        self._model = model
+        self._choose = choose
+        self._scale = scale
+        self._deadline = deadline_s
+        self._progress = progress
+        self._sem = asyncio.Semaphore(workload.concurrency)
+        self._records: dict[int, Record] = {}
+        self._children: dict[int, list[TimedRequest]] = {}
+        for r in workload.requests:
+            if r.after is not None:
+                self._children.setdefault(r.after, []).append(r)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._t0 = 0.0
+
+    async def run(self, session: aiohttp.ClientSession) -> list[Record]:
+        self._t0 = time.perf_counter()
+        for r in self._w.requests:
+            if r.after is None:
+                self._spawn(session, r, r.arrival_s * self._scale)
+        end = self._t0 + self._deadline
+        while self._tasks and time.perf_counter() < end:
+            await asyncio.wait(set(self._tasks), timeout=max(0.0, end - time.perf_counter()))
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        return [self._records.get(r.index) or _failed(r, "deadline") for r in self._w.requests]
+
+    def _spawn(self, session: aiohttp.ClientSession, req: TimedRequest, at: float) -> None:
+        task = asyncio.create_task(self._one(session, req, at))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _one(self, session: aiohttp.ClientSession, req: TimedRequest, at: float) -> None:
+        stage = "deadline"
+        try:
+            await asyncio.sleep(max(0.0, self._t0 + at - time.perf_counter()))
+            queued = time.perf_counter()
+            async with self._sem:
+                stage = "timeout"
+                wait = (time.perf_counter() - queued) / self._scale
+                rec = await send_one(
+                    session, self._choose(req), req, self._scale, self._t0, self._w.sessions, self._model
+                )
+            self._records[req.index] = replace(rec, wait_s=wait)
+        except asyncio.CancelledError:
+            self._records[req.index] = _failed(req, stage)
+            raise
+        self._progress.advance(error=bool(self._records[req.index].error))
+        now = time.perf_counter() - self._t0
+        for child in self._children.get(req.index, ()):
+            self._spawn(session, child, now + child.think_s * self._scale)
+
+
+async def replay(
+    workload: Workload,
+    choose: Chooser,
+    scale: float,
+    deadline_s: float,
+    progress: Progress,
+    model: str | None = None,
+    request_timeout_s: float = 300.0,
+) -> list[Record]:
+    """Replay `workload`; `choose(req)` gives the base URL (a proxy's, or a replica's for client-side RR)."""
+    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        return await Replay(workload, choose, scale, deadline_s, progress, model).run(session)
+
+
+async def served_model(base_url: str) -> str | None:
+    """The first model id that `GET /v1/models` lists (None when it lists none or is not JSON)."""
+    async with aiohttp.ClientSession() as session, session.get(base_url + "/v1/models") as resp:
+        raw = await resp.read()
+    try:
+        models = orjson.loads(raw).get("data") or []
+        return str(models[0]["id"]) if models else None
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def rotating(urls: Sequence[str]) -> Chooser:
+    """Client-side round robin with no proxy: the i-th request sent goes to urls[i % n]."""
+    counter = iter(range(1 << 62))
+    return lambda _req: urls[next(counter) % len(urls)]

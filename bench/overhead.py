@@ -33,7 +33,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from emulator.launcher import EmulatorFleet, free_ports
+from emulator.launcher import EmulatorFleet, free_ports, stop_process
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0
@@ -170,13 +170,7 @@ class Proc:
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
         err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
         if self.proc.stderr:
             self.proc.stderr.close()

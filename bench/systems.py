@@ -28,6 +28,8 @@ from types import TracebackType
 
 import aiohttp
 
+from emulator.launcher import stop_process
+
 KVROUTE_POLICIES = ("cost", "round_robin", "least_load", "cache_aware", "consistent_hash")
 SGLANG_POLICIES = ("cache_aware", "round_robin", "power_of_two")
 CLIENT_RR = "client-rr"
@@ -178,13 +180,7 @@ class ManagedProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(grace_s)
+        stop_process(proc, grace_s)
 
     def log_tail(self, chars: int = 400) -> str:
         try:

@@ -38,6 +38,17 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
+def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 5.0) -> None:
+    """Stops a subprocess we started, by its PID: terminate, then kill after ``grace_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=grace_s)
+
+
 class EmulatorFleet:
     def __init__(
         self,
@@ -101,13 +112,7 @@ class EmulatorFleet:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop_process(proc)
         for t in self._threads:
             t.join(timeout=5)
         for stream in (proc.stdout, proc.stderr):

@@ -21,7 +21,7 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from emulator.launcher import EmulatorFleet, free_ports
+from emulator.launcher import EmulatorFleet, free_ports, stop_process
 
 pytestmark = pytest.mark.slow
 MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "route me through the router please"}]
@@ -62,12 +62,7 @@ def router(fleet: EmulatorFleet, request: pytest.FixtureRequest) -> Iterator[str
         _wait_ready(url, proc, len(fleet.urls))
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+        stop_process(proc)
 
 
 def _requests_per_worker(fleet: EmulatorFleet) -> list[int]:

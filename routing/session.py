@@ -54,11 +54,12 @@ class SessionTable:
         return self._held[replica]
 
     def crowded(self, replicas: Sequence[ReplicaId], factor: float) -> set[ReplicaId]:
-        """Replicas holding more than ``factor`` x the mean sessions + 1: a new session should go
-        elsewhere, or every session of a shared system prompt would pile onto its first holder."""
+        """Replicas holding more than ``factor`` x the least-loaded replica's sessions + 1: a new session
+        should go elsewhere, or every session of a shared system prompt would pile onto its first holders
+        (measured against the minimum, not the mean, so a replica that holds none is not left idle)."""
         if factor <= 0 or not replicas:
             return set()
-        bound = factor * sum(self._held[r] for r in replicas) / len(replicas) + 1
+        bound = factor * min(self._held[r] for r in replicas) + 1
         return {r for r in replicas if self._held[r] > bound}
 
     def forget_replica(self, replica: ReplicaId) -> None:

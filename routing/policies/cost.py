@@ -14,9 +14,9 @@ Steps of ``route`` (produce, score, pick, then two guards; each exit names a Rea
    misses spread evenly over idle replicas.
 4. Session affinity: a session returns to the replica of its previous turn unless that replica's
    predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it changed the
-   pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the mean number of
-   sessions + 1 (Reason FALLBACK when that moved it), so a shared system prompt does not gather every
-   session on its first holder.
+   pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the fewest sessions
+   any replica holds + 1 (Reason FALLBACK when that moved it), so a shared system prompt does not
+   gather every session on its first holders and no replica is left without sessions.
 5. Hot-spot guard: if the chosen replica would hold more than ``hot_spill_factor`` x the fleet's mean
    in-flight requests (and at least ``hot_min_inflight``), the best replica below that bound takes the
    request instead (Reason FALLBACK). One cold prefill there replicates a hot prefix, after which the

@@ -26,12 +26,25 @@ def test_stick_unless_the_sessions_replica_costs_more_than_factor_times_the_best
     assert not should_stick(costs, "gone", 2.0)
 
 
-def test_crowded_replicas_hold_more_than_factor_times_the_mean_sessions_plus_one() -> None:
+def test_crowded_replicas_hold_more_than_factor_times_the_fewest_sessions_plus_one() -> None:
     table = SessionTable(max_sessions=1000)
     for i in range(6):
         table.remember(f"a{i}", "a")
     table.remember("b0", "b")
-    assert table.crowded(["a", "b", "c"], 1.3) == {"a"}  # mean 7/3: bound 4.03
+    assert table.crowded(["a", "b", "c"], 1.3) == {"a"}  # fewest 0 (c): bound 1
     table.remember("a0", "c")  # a session that moved
     assert (table.held("a"), table.held("c")) == (5, 1)
     assert table.crowded(["a", "b", "c"], 0) == set()
+
+
+def test_a_replica_holding_no_session_is_not_left_idle() -> None:
+    """Three replicas with 5 sessions each and one with none: against the mean (bound 5.9) nobody would
+    be crowded and the empty replica would never warm up; against the fewest (bound 1) it takes the next."""
+    table = SessionTable(max_sessions=1000)
+    for r in "abc":
+        for i in range(5):
+            table.remember(f"{r}{i}", r)
+    assert table.crowded(["a", "b", "c", "d"], 1.3) == {"a", "b", "c"}
+    for i in range(4):
+        table.remember(f"d{i}", "d")
+    assert table.crowded(["a", "b", "c", "d"], 1.3) == set()  # fewest 4: bound 6.2

@@ -2,12 +2,14 @@
 
 The engine is one asyncio task per replica that runs *steps*, like SGLang's scheduler loop:
 
-1. Form a step. First the in-progress chunked request's next chunk (<= chunked_prefill_size); then new
-   requests from the head of the FCFS queue while fewer than max_running_requests run and the step has
-   fewer than max_prefill_tokens tokens. Admission calls `RadixCache.admit()`, which locks the matched
-   prefix, loads host/storage pages back to GPU and reserves GPU room for the uncached prompt and the
-   output; if it refuses, the head waits (strict FCFS) until a finished or aborted request frees memory.
-   A new request that does not fit the step (or needs more than one chunk) becomes the chunked request.
+1. Form a step. First the in-progress chunked request's next chunk; then new requests from the head of
+   the FCFS queue while fewer than max_running_requests run and the step's budget lasts. As in SGLang's
+   PrefillAdder the budget is shared by the step: min(chunked_prefill_size, max_prefill_tokens) tokens
+   with chunked prefill on, so a chunked request mid-prompt fills a step alone and a new request joins
+   its last chunk's step (or starts the next chunked request with what that step leaves). Admission
+   calls `RadixCache.admit()`, which locks the matched prefix, loads host/storage pages back to GPU and
+   reserves GPU room for the uncached prompt and the output; if it refuses, the head waits (strict
+   FCFS) until a finished or aborted request frees memory.
 2. Sleep the step: sum over its requests of the prefill cost of their chunk [s, e) (positions matter,
    see timing.py) plus the host/storage load time of the newly admitted, times the fault slow factor and
    the time scale.
@@ -164,39 +166,51 @@ class Engine:
 
     # ---- steps ------------------------------------------------------------------------------
     def _form_step(self) -> list[tuple[Ticket, int, int]]:
-        """The in-progress chunked request's next chunk, then new requests while the budget lasts."""
-        budget, cap = self.limits.max_prefill_tokens, self._chunk_cap()
+        """The in-progress chunked request's next chunk, then new requests while the budget lasts.
+
+        As in SGLang's PrefillAdder, with chunked prefill on (``chunked_prefill_size`` > 0) the chunk size
+        is a budget shared by the whole step (``rem_chunk_tokens`` shrinks with every request added): a
+        chunked request mid-prompt takes all of it, so a new request waits for that request's last chunk
+        and joins its step if what is left covers the new request's uncached prompt, or starts as the
+        next chunked request with what is left (page-floored). ``max_prefill_tokens`` caps the step too.
+        With chunked prefill off a request is never cut: one that does not fit the step's remaining
+        ``max_prefill_tokens`` waits for the next step, unless it is the step's first.
+        """
+        chunking = self.limits.chunked_prefill_size > 0
+        budget = self.limits.max_prefill_tokens
+        if chunking:
+            budget = min(budget, self.limits.chunked_prefill_size)
         step: list[tuple[Ticket, int, int]] = []
-        chunked = False  # a request in this step does not finish its prefill in it
         for ticket in self.prefilling:
-            take = min(len(ticket.work.prompt) - ticket.pos, budget, cap)
+            take = min(len(ticket.work.prompt) - ticket.pos, budget)
             if take <= 0:
                 break
             step.append((ticket, ticket.pos, ticket.pos + take))
             budget -= take
-            chunked = chunked or ticket.pos + take < len(ticket.work.prompt)
         while self.waiting and budget > 0:
             ticket = self.waiting[0]
             if self.running >= self.limits.max_running_requests:
                 ticket.blocked = True  # it waits for a running request to end
                 break
-            admitted = self._admit(ticket, min(budget, cap) if chunked else None)
+            # it must fit whole when chunking is off (unless first) or less than a page is left to cut
+            whole = (not chunking and bool(step)) or (chunking and self._page_floor(budget) <= 0)
+            admitted = self._admit(ticket, budget if whole else None)
             if admitted is None:
-                break  # only one chunked request at a time: it waits for the next step
+                break  # the step is too full for it: it waits for the next step
             if not admitted:
                 ticket.blocked = True  # it waits for a running request to release memory
                 break
             self.waiting.popleft()
-            take = min(len(ticket.work.prompt) - ticket.pos, budget, cap)
+            need = len(ticket.work.prompt) - ticket.pos
+            take = need if need <= budget or not chunking else self._page_floor(budget)
             self.prefilling.append(ticket)
             step.append((ticket, ticket.pos, ticket.pos + take))
             budget -= take
-            chunked = chunked or ticket.pos + take < len(ticket.work.prompt)
         return step
 
-    def _chunk_cap(self) -> int:
-        size = self.limits.chunked_prefill_size
-        return size if size > 0 else 1 << 62
+    def _page_floor(self, tokens: int) -> int:
+        page = max(1, self.limits.page_size)
+        return tokens // page * page
 
     def _admit(self, ticket: Ticket, fit: int | None) -> bool | None:
         """Admit the head request: True, False (no memory: it must wait for a release), or None when

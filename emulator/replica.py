@@ -93,6 +93,7 @@ class Replica:
             max_prefill_tokens=cfg.max_prefill_tokens,
             time_scale=cfg.time_scale,
             share_prefixes=not cfg.disable_radix_cache,
+            page_size=cfg.page_size,
         )
         engine = Engine(RadixCache(cache_config(cfg, port)), timing, limits, metrics)
         seed = cfg.emu_seed or cfg.random_seed

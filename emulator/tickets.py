@@ -95,3 +95,4 @@ class EngineLimits:
     max_prefill_tokens: int
     time_scale: float
     share_prefixes: bool = True  # False with --disable-radix-cache
+    page_size: int = 1  # a new chunked request's first chunk is floored to whole pages

@@ -93,22 +93,81 @@ async def test_second_request_waits_with_one_running_slot(
     assert float(line.split()[-1]) > 0.05  # b waited for a's decode (modelled seconds)
 
 
-@pytest.mark.parametrize(("chunk", "short_first"), [("2048", True), ("-1", False)])
-async def test_chunked_prefill_lets_a_short_request_in(
-    emulator: StartEmu, http: aiohttp.ClientSession, chunk: str, short_first: bool
+def _record_steps(emu: Emu) -> list[list[tuple[int, int, int]]]:
+    """Every step the engine forms from now on, as (prompt length, start, end) per request."""
+    engine, steps = emu.replica.engine, list[list[tuple[int, int, int]]]()
+    form = engine._form_step
+
+    def recording() -> Any:
+        step = form()
+        if step:
+            steps.append([(len(t.work.prompt), s, e) for t, s, e in step])
+        return step
+
+    engine._form_step = recording  # type: ignore[method-assign]
+    return steps
+
+
+async def test_chunked_prefill_budget_is_shared_by_the_step(
+    emulator: StartEmu, http: aiohttp.ClientSession
 ) -> None:
-    emu = await emulator("--chunked-prefill-size", chunk, "--emu-time-scale", "0.05", "--emu-debug")
+    """SGLang's chunk size caps a whole prefill batch (PrefillAdder.rem_chunk_tokens): a short request
+    sent while a long one is mid-prefill does not jump in between its chunks; it joins the step of the
+    long one's last chunk, whose leftover budget covers it, and both get their first token then."""
+    emu = await emulator("--chunked-prefill-size", "2048", "--emu-time-scale", "0.05", "--emu-debug")
+    steps = _record_steps(emu)
     log: list[str] = []
-    long = asyncio.create_task(_stream(http, emu, _body(list(range(1, 16_001)), 1), log, "long"))
+    long = asyncio.create_task(_stream(http, emu, _body(list(range(1, 10_001)), 1), log, "long"))
     await _until(lambda: bool(emu.replica.engine.prefilling))
     peek = {"path": "/generate", "body": {"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 1}}}
     async with http.post(f"{emu.url}/_emu/predict", json=peek) as resp:
         predicted = await resp.json()
-    assert 0 < predicted["queue_s"] <= ttft_seconds(ProfileTiming(PROFILES["rtx3090x2"]), 16_000, 0, 0, 0)
-    assert predicted["ttft_s"] > predicted["queue_s"] + 0.1
-    short = asyncio.create_task(_stream(http, emu, _body(list(range(20_000, 20_050)), 1), log, "short"))
-    await asyncio.gather(long, short)
-    assert (log.index("short:first") < log.index("long:first")) is short_first
+    timing = ProfileTiming(PROFILES["rtx3090x2"])
+    assert 0 < predicted["queue_s"] <= ttft_seconds(timing, 10_000, 0, 0, 0)
+    short_ttft, long_ttft = await asyncio.gather(
+        _stream(http, emu, _body(list(range(20_000, 20_050)), 1), log, "short"), long
+    )
+    assert all(sum(e - s for _n, s, e in step) <= 2048 for step in steps)
+    assert [(n, s, e) for n, s, e in steps[-1]] == [(10_000, 8192, 10_000), (50, 0, 50)]
+    assert all(n == 10_000 for step in steps[:-1] for n, _s, _e in step)
+    assert short_ttft == pytest.approx(long_ttft, abs=0.1)  # same step, one overhead
+
+
+async def test_a_new_request_starts_its_chunks_in_the_leftover_budget(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    """Two cold prompts of 5,000 tokens with a 2,048 chunk and 16-token pages: the second one starts as
+    the next chunked request with what the first one's last chunk leaves (page-floored), so no step
+    ever computes more than the chunk size."""
+    emu = await emulator("--chunked-prefill-size", "2048", "--page-size", "16", "--emu-time-scale", "0.05")
+    steps = _record_steps(emu)
+    a, b = list(range(1, 5_001)), list(range(10_001, 15_001))
+    first = asyncio.create_task(_stream(http, emu, _body(a, 1), [], "a"))
+    await _until(lambda: bool(emu.replica.engine.prefilling))
+    await asyncio.gather(first, _stream(http, emu, _body(b, 1), [], "b"))
+    assert steps == [
+        [(5_000, 0, 2048)],
+        [(5_000, 2048, 4096)],
+        [(5_000, 4096, 5_000), (5_000, 0, 1136)],  # 1,144 left, floored to 71 pages
+        [(5_000, 1136, 3184)],
+        [(5_000, 3184, 5_000)],
+    ]
+
+
+async def test_without_chunking_a_request_never_splits(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    """--chunked-prefill-size -1: a prompt is computed in one step; a request that does not fit what
+    max_prefill_tokens leaves of a step waits for the next one."""
+    emu = await emulator(
+        "--chunked-prefill-size", "-1", "--max-prefill-tokens", "8000", "--emu-time-scale", "0.02"
+    )
+    steps = _record_steps(emu)
+    a, b = list(range(1, 6_001)), list(range(10_001, 13_001))
+    first = asyncio.create_task(_stream(http, emu, _body(a, 1), [], "a"))
+    await _until(lambda: bool(emu.replica.engine.prefilling))
+    await asyncio.gather(first, _stream(http, emu, _body(b, 1), [], "b"))
+    assert steps == [[(6_000, 0, 6_000)], [(3_000, 0, 3_000)]]
 
 
 async def _generate(http: aiohttp.ClientSession, emu: Emu, body: bytes, log: list[str], name: str) -> Any:

@@ -22,7 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import plots, report, systems, workloads
+import aiohttp
+
+from bench import floor, plots, report, systems, workloads
 from bench.fleet import FleetSpec, replica_counters
 from bench.progress import Progress
 from bench.runner import Record, replay, rotating, served_model
@@ -49,6 +51,7 @@ class RunResult:
     records: list[Record] | None
     per_replica: dict[str, int]
     skipped: str = ""
+    model_error: float = float("nan")
 
 
 async def _replay(
@@ -66,10 +69,13 @@ async def run_system(cfg: BenchConfig, wl: workloads.Workload, system: systems.S
         cfg.fleet.replicas, cfg.fleet.args(cfg.seed), logs / f"{system.name}.emulator.log"
     ) as fleet:
         before = await replica_counters(fleet.urls)
+        model_error = float("nan")
         try:
             if system.proxied:
                 async with systems.system_process(system, fleet.urls, logs / f"{system.name}.log") as proc:
                     records = await _replay(cfg, wl, [proc.urls[0]], progress)
+                    if system.name.startswith("kvroute-"):
+                        model_error = await model_error_ratio(proc.urls[0])
             else:
                 records = await _replay(cfg, wl, fleet.urls, progress)
         except systems.SystemUnavailable as exc:
@@ -78,7 +84,21 @@ async def run_system(cfg: BenchConfig, wl: workloads.Workload, system: systems.S
         after = await replica_counters(fleet.urls)
     progress.close()
     per_replica = {r: after.get(r, 0) - before.get(r, 0) for r in after} if after else {}
-    return RunResult(records, per_replica)
+    return RunResult(records, per_replica, model_error=model_error)
+
+
+async def model_error_ratio(gateway: str) -> float:
+    """kvroute's cache model error over the run, from its /status: sum |predicted - reported cached|
+    over sum prompt tokens, pooled over replicas (NaN when the gateway does not report it)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway}/status") as resp:
+            status = await resp.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return float("nan")
+    model = status.get("cache_model") or {}
+    errors = sum(float(a.get("abs_error_tokens", 0.0)) for a in model.values())
+    prompt = sum(float(a.get("prompt_tokens", 0.0)) for a in model.values())
+    return errors / prompt if prompt else float("nan")
 
 
 async def run_workload(cfg: BenchConfig, name: str) -> str:
@@ -93,12 +113,24 @@ async def run_workload(cfg: BenchConfig, name: str) -> str:
             skipped[system.name] = result.skipped
             continue
         all_records[system.name] = result.records
-        summaries.append(report.summarize(system.name, result.records, result.per_replica, system.note))
+        summaries.append(
+            report.summarize(system.name, result.records, result.per_replica, system.note, result.model_error)
+        )
+    ideal = floor.floor(wl, cfg.fleet.page_size)
+    summaries.append(
+        report.floor_summary(
+            [f.ttft_s for f in ideal],
+            [f.tag for f in ideal],
+            sum(f.cached_tokens for f in ideal),
+            sum(f.prompt_tokens for f in ideal),
+        )
+    )
     meta = {**cfg.fleet.meta(), "seed": cfg.seed, "quick": cfg.quick, "requests": len(wl.requests),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     md = report.write_results(cfg.out_dir, name, meta, summaries, all_records, skipped)
-    if summaries:
-        plots.write_all(cfg.out_dir, name, summaries, all_records)
+    measured = [s for s in summaries if s.system != report.FLOOR]
+    if measured:
+        plots.write_all(cfg.out_dir, name, measured, all_records)
     if cfg.readme is not None:
         report.update_readme(cfg.readme, cfg.command, meta, {name: md})
     print(md, file=sys.stderr)

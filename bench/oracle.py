@@ -106,14 +106,14 @@ STATE = web.AppKey("state", OracleState)
 
 def predict_payload(tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, body: dict[str, Any]) -> bytes:
     """The /_emu/predict body: pre-tokenized native input_ids when possible, else the request as is."""
-    ids = _token_ids(tokenizer, path, body)
+    ids = token_ids(tokenizer, path, body)
     if ids is None or "cache_salt" in body or "extra_key" in body:
         return orjson.dumps({"path": path, "body": body})
     native = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
     return orjson.dumps({"path": "/generate", "body": native})
 
 
-def _token_ids(
+def token_ids(
     tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, body: dict[str, Any]
 ) -> list[int] | None:
     if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):

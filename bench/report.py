@@ -70,10 +70,15 @@ class Summary:
     per_replica: dict[str, int] = field(default_factory=dict)
     by_tag: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    model_error: float = float("nan")  # kvroute: sum |predicted - reported cached| / sum prompt tokens
 
 
 def summarize(
-    system: str, records: Sequence[Record], per_replica: Mapping[str, int] | None = None, note: str = ""
+    system: str,
+    records: Sequence[Record],
+    per_replica: Mapping[str, int] | None = None,
+    note: str = "",
+    model_error: float = float("nan"),
 ) -> Summary:
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -102,7 +107,26 @@ def summarize(
         loads,
         by_tag,
         note,
+        model_error,
     )
+
+
+FLOOR = "floor"
+
+
+def floor_summary(ttfts: Sequence[float], tags: Sequence[str], cached: int, prompt: int) -> Summary:
+    """The floor's row (``bench.floor``): TTFT statistics and hit ratio; it has no replicas or rate."""
+    by: dict[str, list[float]] = {}
+    for tag, t in zip(tags, ttfts, strict=True):
+        by.setdefault(tag, []).append(t)
+    by_tag = {t: mean(v) for t, v in sorted(by.items())}
+    resent = by.get("resend1", []) + by.get("resend2", [])
+    if resent:
+        by_tag["resent"] = mean(resent)
+    nan = float("nan")
+    return Summary(FLOOR, len(ttfts), 0, mean(ttfts), percentile(ttfts, 50), percentile(ttfts, 99),
+                   cached / prompt if prompt else 0.0, nan, 0, nan, {}, by_tag,
+                   "no queueing, unbounded cache: every earlier prefix on GPU")  # fmt: skip
 
 
 def _f(x: float, digits: int = 2) -> str:
@@ -122,7 +146,9 @@ def table(summaries: Sequence[Summary], extra: Sequence[str] = ()) -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for s in summaries:
         cells = [s.system, str(s.requests), str(s.errors), _f(s.mean_ttft), _f(s.p50_ttft), _f(s.p99_ttft),
-                 _f(s.hit_ratio, 3), _f(s.throughput), str(s.max_replica), _f(s.max_over_mean)]  # fmt: skip
+                 _f(s.hit_ratio, 3), _f(s.throughput),
+                 str(s.max_replica) if s.max_over_mean == s.max_over_mean else "n/a",
+                 _f(s.max_over_mean)]  # fmt: skip
         cells += [_f(s.by_tag.get(tag, float("nan"))) for tag in extra]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -131,8 +157,8 @@ def table(summaries: Sequence[Summary], extra: Sequence[str] = ()) -> str:
 def comparison(summaries: Sequence[Summary], subject: str = "kvroute-cost", oracle: str = "oracle") -> str:
     """One line: subject's mean/p99 TTFT over the best other non-oracle's; hit ratio over the oracle's."""
     by_name = {s.system: s for s in summaries}
-    me, ref = by_name.get(subject), by_name.get(oracle)
-    others = [s for s in summaries if s.system not in (subject, oracle) and s.mean_ttft == s.mean_ttft]
+    me, ref, ideal = by_name.get(subject), by_name.get(oracle), by_name.get(FLOOR)
+    others = [s for s in summaries if s.system not in (subject, oracle, FLOOR) and s.mean_ttft == s.mean_ttft]
     if me is None or not others:
         return ""
     best_mean = min(others, key=lambda s: s.mean_ttft)
@@ -146,6 +172,13 @@ def comparison(summaries: Sequence[Summary], subject: str = "kvroute-cost", orac
         parts.append(f"hit ratio {_f(me.hit_ratio / ref.hit_ratio)}x the oracle's")
     if "resent" in me.by_tag and ref is not None and "resent" in ref.by_tag:
         parts.append(f"re-sent docs {_f(me.by_tag['resent'] / ref.by_tag['resent'])}x the oracle's TTFT")
+    if ideal is not None and ideal.mean_ttft > 0:
+        parts.append(
+            f"mean TTFT {_f(me.mean_ttft / ideal.mean_ttft)}x the floor ({_f(ideal.mean_ttft)} s; "
+            f"the best other non-oracle is {_f(best_mean.mean_ttft / ideal.mean_ttft)}x)"
+        )
+    if me.model_error == me.model_error:
+        parts.append(f"cache model error {me.model_error:.1%} of prompt tokens")
     return "; ".join(parts) + "."
 
 

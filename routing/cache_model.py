@@ -65,6 +65,8 @@ class AccuracyStats:
     mean_actual_tokens: float
     gpu_factor: float
     host_factor: float
+    abs_error_tokens: float = 0.0  # sum |predicted - actual| (engine tokens), to pool replicas
+    prompt_tokens: float = 0.0  # sum of reported prompt tokens
 
 
 @dataclass(slots=True)
@@ -254,6 +256,8 @@ class CacheModel:
                 mean_actual_tokens=a.actual / n,
                 gpu_factor=r.gpu_factor if r else 1.0,
                 host_factor=r.host_factor if r else 1.0,
+                abs_error_tokens=a.abs_error,
+                prompt_tokens=a.prompt,
             )
         return out
 

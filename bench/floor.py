@@ -1,0 +1,52 @@
+"""The floor: what no router can beat on a workload, from the emulator's own timing model.
+
+Every request is served on an idle replica that holds, on GPU, every prefix any earlier request of
+the workload sent (unbounded GPU pool, whole pages, no queueing, no reload): its TTFT is the prefill of
+the rest of its prompt plus the fixed overhead (`emulator.timing.ttft_seconds`), and its cached tokens
+are that shared prefix. A first-time document is a cold prefill even here; an agent turn still
+computes its new tool output. Routers are measured against it: a target below the floor cannot be met
+by any placement.
+
+The prompt is rendered and tokenized exactly as the emulator does (`bench.oracle`'s tokenizer), and a
+page counts once all of its tokens match (the emulator's radix tree matches whole pages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bench.oracle import SegmentTokenizer, token_ids
+from bench.workloads import Workload
+from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
+
+
+@dataclass(frozen=True, slots=True)
+class FloorRequest:
+    index: int
+    tag: str
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+
+
+def floor(workload: Workload, page_size: int, profile: str = "rtx3090x2") -> list[FloorRequest]:
+    """Each request's ideal TTFT (modelled seconds) and cached tokens, in workload order."""
+    timing = ProfileTiming(PROFILES[profile])
+    tokenizer = SegmentTokenizer()
+    seen: set[int] = set()
+    out = []
+    for req in sorted(workload.requests, key=lambda r: r.index):
+        ids = token_ids(tokenizer, req.path, dict(req.body)) or []
+        pages, chain = [], 0
+        for i in range(0, len(ids) - page_size + 1, page_size):
+            chain = hash((chain, tuple(ids[i : i + page_size])))  # a page's key is its whole prefix
+            pages.append(chain)
+        cached = 0
+        for page in pages:
+            if page not in seen:
+                break
+            cached += page_size
+        seen.update(pages)
+        ttft = ttft_seconds(timing, len(ids), cached, 0, 0)
+        out.append(FloorRequest(req.index, req.tag, len(ids), min(cached, max(0, len(ids) - 1)), ttft))
+    return out

@@ -1,0 +1,49 @@
+"""The floor (bench.floor): per request, the emulator's TTFT with every earlier prefix cached and no
+queue; and its row and ratio in the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import report
+from bench.floor import floor
+from bench.oracle import SegmentTokenizer, token_ids
+from bench.workloads import FleetShape, probe
+from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
+
+SHAPE = FleetShape(replicas=2, gpu_tokens=6000, host_tokens=12000)
+
+
+def test_floor_prefills_first_sends_and_hits_repeats_to_the_last_page() -> None:
+    wl = probe(3, SHAPE, quick=True)
+    ideal = floor(wl, page_size=16)
+    timing = ProfileTiming(PROFILES["rtx3090x2"])
+    tok = SegmentTokenizer()
+    assert [f.index for f in ideal] == sorted(r.index for r in wl.requests)
+    for req, f in zip(sorted(wl.requests, key=lambda r: r.index), ideal, strict=True):
+        n = len(token_ids(tok, req.path, dict(req.body)) or [])
+        assert f.prompt_tokens == n
+        if req.tag in ("cold", "pressure"):  # never seen: a cold prefill, even on the floor
+            assert f.cached_tokens < 16
+            assert f.ttft_s == pytest.approx(ttft_seconds(timing, n, f.cached_tokens, 0, 0))
+        else:  # re-sent: every whole page is cached, the tail shorter than a page is computed
+            assert f.cached_tokens == n // 16 * 16
+            assert f.ttft_s < 0.2
+    cold = next(f for f in ideal if f.cached_tokens < 16)
+    assert cold.ttft_s > 3 * max(f.ttft_s for f in ideal if f.cached_tokens >= 16)
+
+
+def test_report_row_and_ratio_against_the_floor() -> None:
+    rows = [
+        report.Summary("kvroute-cost", 4, 0, 2.0, 2.0, 3.0, 0.5, 1.0, 2, 1.0, model_error=0.034),
+        report.Summary("client-rr", 4, 0, 4.0, 4.0, 5.0, 0.2, 1.0, 2, 1.0),
+        report.floor_summary([1.0, 1.0, 1.0, 1.0], ["a", "a", "b", "b"], cached=60, prompt=100),
+    ]
+    assert rows[2].hit_ratio == pytest.approx(0.6)
+    assert rows[2].by_tag == {"a": 1.0, "b": 1.0}
+    md = report.table(rows)
+    assert "| floor | 4 | 0 | 1.00 | 1.00 | 1.00 | 0.600 | n/a | n/a | n/a |" in md
+    line = report.comparison(rows)
+    assert "0.50x the best other non-oracle (client-rr 4.00 s)" in line  # the floor is not a system
+    assert "mean TTFT 2.00x the floor (1.00 s; the best other non-oracle is 4.00x)" in line
+    assert "cache model error 3.4% of prompt tokens" in line

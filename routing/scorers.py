@@ -23,9 +23,12 @@ size as the mean prefill per in-flight request); without that discount a holder 
 cold prefill would tie with an idle replica that has to compute the whole prompt.
 
 ``LoadTiePicker``: the lowest total wins; totals within ``rel_tol`` (relative) or ``abs_tol`` (seconds)
-of the best are a tie, broken by the lowest load (prefill tokens in flight + ``tokens_per_request`` per
-in-flight request), then by a seeded draw, never by list order, so misses spread over idle replicas and
-a hot prefix is copied to an idle replica once its holder's queue makes the two cost the same.
+of the best are a tie, broken by the fewest prefill tokens in flight, then by the replica chosen least
+recently, then by a seeded draw, never by list order, so misses spread over idle replicas and a hot
+prefix is copied to an idle replica once its holder's queue makes the two cost the same. Requests that
+are only decoding do not count: they do not hold up a prefill (SGLang runs prefill batches between
+decode steps), and counting them sent misses away from the replicas serving popular documents and piled
+new documents, with their cold prefills, on the others (bench rag: mean TTFT -7% over 3 seeds).
 """
 
 from __future__ import annotations
@@ -123,21 +126,16 @@ class OverheadScorer:
         return {c.id: self._rates.get(c.id).overhead_s for c in cands}
 
 
-def load_of(state: ReplicaState, tokens_per_request: int) -> float:
-    """Load in tokens: prefill tokens in flight + a per-request weight for each in-flight request."""
-    return float(state.inflight_prefill_tokens + tokens_per_request * state.inflight_requests)
-
-
 class LoadTiePicker:
-    """Lowest cost; near-ties go to the least loaded, then to the one this picker chose least recently
-    (so sequential misses at low concurrency rotate over idle replicas instead of clustering, and their
-    GPU and host pools fill evenly), then to a seeded draw (replicas never chosen yet). O(n) per pick."""
+    """Lowest cost; near-ties go to the fewest prefill tokens in flight, then to the one this picker
+    chose least recently (so sequential misses at low concurrency rotate over idle replicas instead of
+    clustering, and their GPU and host pools fill evenly), then to a seeded draw (replicas never chosen
+    yet). O(n) per pick."""
 
-    def __init__(self, seed: int, rel_tol: float, tokens_per_request: int, abs_tol: float = 1e-9) -> None:
+    def __init__(self, seed: int, rel_tol: float, abs_tol: float = 1e-9) -> None:
         self._rng = random.Random(seed)
         self._rel_tol = rel_tol
         self._abs_tol = abs_tol
-        self._tokens_per_request = tokens_per_request
         self._clock = 0
         self._last_pick: dict[ReplicaId, int] = {}
 
@@ -153,9 +151,8 @@ class LoadTiePicker:
         ties = self.ties(scored)
         if len(ties) == 1:
             return ties[0]
-        loads = [load_of(c.state, self._tokens_per_request) for c in ties]
-        least = min(loads)
-        idle = [c for c, load in zip(ties, loads, strict=True) if load == least]
+        least = min(c.state.inflight_prefill_tokens for c in ties)
+        idle = [c for c in ties if c.state.inflight_prefill_tokens == least]
         if len(idle) > 1:
             oldest = min(self._last_pick.get(c.id, -1) for c in idle)
             idle = [c for c in idle if self._last_pick.get(c.id, -1) == oldest]

@@ -10,8 +10,8 @@ Steps of ``route`` (produce, score, pick, then two guards; each exit names a Rea
    whole prefill time; a document evicted to host memory is a cheap reload there and a cold prefill
    elsewhere.
 3. Pick: lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie and go to the
-   least loaded, then to the least recently chosen, then to a seeded draw (``LoadTiePicker``), so
-   misses spread evenly over idle replicas.
+   fewest prefill tokens in flight, then to the least recently chosen, then to a seeded draw
+   (``LoadTiePicker``), so misses spread evenly over idle replicas.
 4. Session affinity: a session returns to the replica of its previous turn unless that replica's
    predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it changed the
    pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the fewest sessions
@@ -55,7 +55,7 @@ class CostPolicy:
         self.rates = RateBook(cfg)
         self.sessions = SessionTable(cfg.max_sessions)
         scorers = (QueueScorer(self.rates), PrefillScorer(self.rates), ReloadScorer(self.rates))
-        self._picker = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tokens_per_request, cfg.tie_abs_s)
+        self._picker = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tie_abs_s)
         self._pipeline = Pipeline(
             filters=[HealthyFilter()],
             scorers=[WeightedScorer(s) for s in (*scorers, OverheadScorer(self.rates))],

@@ -195,11 +195,16 @@ def test_forgetting_a_replica_drops_its_sessions_and_rates() -> None:
     assert policy.rates.own(d.replica) is None and policy.sessions.get("s") is None
 
 
-def test_near_ties_go_to_the_least_loaded_then_to_a_seeded_draw() -> None:
-    picker = LoadTiePicker(seed=0, rel_tol=0.05, tokens_per_request=256)
+def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seeded_draw() -> None:
+    picker = LoadTiePicker(seed=0, rel_tol=0.05)
     holder, idle = cand("r0", gpu=3000, prefill=1000), cand("r1")
     assert picker.pick([(holder, 1.0), (idle, 1.02)]) is idle  # a tie: the idle replica copies the prefix
     assert picker.pick([(holder, 1.0), (idle, 1.2)]) is holder  # not a tie
+    # decoding requests do not hold up a prefill: only prefill tokens in flight break the tie, then the
+    # replica chosen least recently (r1 was just chosen above, r2 never)
+    decoding, fresh = cand("r1", running=6), cand("r2")
+    assert picker.pick([(decoding, 1.0), (fresh, 1.0)]) is fresh
+    assert picker.pick([(decoding, 1.0), (fresh, 1.0)]) is decoding
     draws = Counter(picker.pick([(cand("a"), 1.0), (cand("b"), 1.0)]).id for _ in range(100))
     assert set(draws) == {"a", "b"}
 

@@ -278,6 +278,11 @@ cached_tokens / sum prompt_tokens; req/s in modelled time; max/replica and max/m
 by the busiest replica (emulator counters) and its ratio to the fleet mean. probe: mean TTFT of the
 first sends ("cold s") and of the documents re-sent after eviction pressure, first and second time
 ("resend1 s", "resend2 s", both: "resent s"). mixed: mean TTFT of the short and the long requests.
+The `floor` row is not a system: it is each request's TTFT from the emulator's timing model on an
+idle replica holding every prefix sent before it, on GPU (no queueing, unbounded cache;
+`bench/floor.py`), so no router can go below it; its hit ratio is the most any placement can reach.
 The line under each table compares kvroute's default policy (cost) with the best other non-oracle
-system and with the oracle (issue 5's targets are such ratios).
+system, the oracle and the floor (issue 5's targets are such ratios), and gives kvroute's cache model
+error: sum |predicted - reported cached tokens| / sum prompt tokens over the run, read from the
+gateway's `/status`.
 """

@@ -20,8 +20,8 @@ async def test_model_error_is_pooled_from_status(emulator_server: Emulators, gat
         async with http.get(f"{gw.url}/v1/models") as resp:
             model_name = (await resp.json())["data"][0]["id"]
         for question in ("one", "two", "three", "four"):
-            body = {"model": model_name, "max_tokens": 2,
-                    "messages": [{"role": "system", "content": doc}, {"role": "user", "content": question}]}  # fmt: skip
+            messages = [{"role": "system", "content": doc}, {"role": "user", "content": question}]
+            body = {"model": model_name, "max_tokens": 2, "messages": messages}
             async with http.post(f"{gw.url}/v1/chat/completions", json=body) as resp:
                 assert resp.status == 200
                 await resp.read()

@@ -93,11 +93,20 @@ class Gateway:
             self.chars_per_token.observe_outcome(outcome, self.settings.routing.block_chars)
 
     def forget(self, replica: str) -> None:
-        """A replica left the fleet or restarted: drop what the model and the policy knew of it."""
+        """A replica left the fleet: drop what the model and the policy knew of it."""
         self.index.forget(replica)
         forget = getattr(self.policy, "forget", None)
         if callable(forget):
             forget(replica)
+
+    def restarted(self, replica: str) -> None:
+        """A replica restarted or flushed its cache: its GPU and host tiers are gone, its storage tier
+        survives; learned rates and sessions stay (same hardware, and a session's next turn costs the
+        same everywhere now)."""
+        self.index.restart(replica)
+        restart = getattr(self.policy, "restart", None)
+        if callable(restart):
+            restart(replica)
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)

@@ -7,8 +7,10 @@
 - Active health checks every ``health_interval``: ``FAILURE_THRESHOLD`` consecutive failures take a
   replica out; one success (plus fresh info) brings it back. A request that cannot connect marks the
   replica unhealthy at once (passive check), so traffic moves on without waiting for the poller.
-- A restart (``startup_time`` changed, or a return after a health flap) calls ``on_reset(replica)``
-  so the prefix index forgets what that replica held.
+- A restart (``startup_time`` changed, or a return after a health flap from a replica that reports no
+  start time, so a restart cannot be ruled out) calls ``on_restart(replica)``: the prefix index drops
+  its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
+  kept its cache, and nothing is dropped. Removing a replica calls ``on_removed(replica)``.
 - Load: each routed request takes a ``Lease``: in-flight requests +1 and in-flight prefill tokens +
   the request's estimated uncached tokens until its first byte arrives; ``release`` (in the handler's
   ``finally``) undoes whatever is left, exactly once.
@@ -122,11 +124,16 @@ class Lease:
 
 class Fleet:
     def __init__(
-        self, urls: Iterable[str], health_interval: float, on_reset: Callable[[ReplicaId], None]
+        self,
+        urls: Iterable[str],
+        health_interval: float,
+        on_removed: Callable[[ReplicaId], None],
+        on_restart: Callable[[ReplicaId], None],
     ) -> None:
         self._replicas: dict[ReplicaId, Replica] = {}
         self._interval = health_interval
-        self._on_reset = on_reset
+        self._on_removed = on_removed
+        self._on_restart = on_restart
         self._checks = 0
         for url in urls:
             self.add(url)
@@ -142,7 +149,7 @@ class Fleet:
     def remove(self, replica_id: ReplicaId) -> bool:
         replica = self._replicas.pop(replica_id.rstrip("/"), None)
         if replica is not None:
-            self._on_reset(replica.id)
+            self._on_removed(replica.id)
         return replica is not None
 
     def drain(self, replica_id: ReplicaId, draining: bool) -> bool:
@@ -219,9 +226,14 @@ class Fleet:
         if old != new:
             for warning in tier_warnings(replica.state()):
                 log.warning("replica %s: %s", replica.id, warning)
-        if old is not None and (old.started_at != new.started_at or not replica.healthy):
-            log.info("replica %s restarted or returned: forgetting its cache", replica.id)
-            self._on_reset(replica.id)
+        if old is None:
+            return
+        if old.started_at and new.started_at and old.started_at != new.started_at:
+            log.info("replica %s restarted: dropping its GPU and host tiers", replica.id)
+            self._on_restart(replica.id)
+        elif not replica.healthy and not (old.started_at and new.started_at):
+            log.info("replica %s returned without a start time: assuming a restart", replica.id)
+            self._on_restart(replica.id)
 
     def _failed(self, replica: Replica, reason: str) -> None:
         replica.failures += 1

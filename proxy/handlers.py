@@ -125,7 +125,7 @@ async def flush_cache(request: web.Request) -> web.Response:
         except UpstreamError:
             status = 502
         if 200 <= status < 300:
-            gw.forget(replica)
+            gw.restarted(replica)  # the radix tree and the host pool are reset, L3 storage is not
         return replica, status
 
     results = dict(await asyncio.gather(*(one(r) for r in targets)))

@@ -36,11 +36,15 @@ def build_gateway(settings: Settings) -> Gateway:
     policy = build_policy(settings.routing)
     gateway: Gateway | None = None
 
-    def on_reset(replica: str) -> None:  # the fleet exists before the gateway that holds it
+    def on_removed(replica: str) -> None:  # the fleet exists before the gateway that holds it
         if gateway is not None:
             gateway.forget(replica)
 
-    fleet = Fleet(settings.backends, settings.health_interval, on_reset=on_reset)
+    def on_restart(replica: str) -> None:
+        if gateway is not None:
+            gateway.restarted(replica)
+
+    fleet = Fleet(settings.backends, settings.health_interval, on_removed=on_removed, on_restart=on_restart)
     accuracy = getattr(index, "accuracy", None)
     metrics = GatewayMetrics(
         lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()],

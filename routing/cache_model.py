@@ -126,6 +126,14 @@ class CacheModel:
         self._provisional.pop(replica, None)
         self._resize()
 
+    def restart(self, replica: ReplicaId) -> None:
+        """GPU and host are gone (a process restart, a cache flush); storage (L3) survives."""
+        r = self._replicas.get(replica)
+        if r is not None:
+            r.tiers.restart()
+            r.ends.clear()
+        self._provisional.pop(replica, None)
+
     def blocks(self) -> int:
         """Blocks held over all replicas and tiers (bounded by ``model_budget_blocks``)."""
         return sum(r.tiers.blocks() for r in self._replicas.values())
@@ -142,9 +150,7 @@ class CacheModel:
         if known.state == state:
             return False
         if known.state.started_at and state.started_at and known.state.started_at != state.started_at:
-            known.tiers.restart()
-            known.ends.clear()
-            self._provisional.pop(state.id, None)
+            self.restart(state.id)
         old = known.state
         known.state = state
         return _sizing(old) != _sizing(state)

@@ -78,7 +78,13 @@ class PrefixIndex(Protocol):
 
     def observe(self, outcome: Outcome) -> None: ...
 
-    def forget(self, replica: ReplicaId) -> None: ...
+    def forget(self, replica: ReplicaId) -> None:
+        """The replica left the fleet: drop everything known of it."""
+        ...
+
+    def restart(self, replica: ReplicaId) -> None:
+        """Its GPU and host tiers are gone, its storage tier survives (a restart, a cache flush)."""
+        ...
 
 
 @runtime_checkable
@@ -102,6 +108,9 @@ class NullPrefixIndex:
         return None
 
     def forget(self, replica: ReplicaId) -> None:
+        return None
+
+    def restart(self, replica: ReplicaId) -> None:
         return None
 
 

@@ -63,6 +63,10 @@ class CacheAwarePolicy:
     def forget(self, replica: ReplicaId) -> None:
         self._trees.pop(replica, None)
 
+    def restart(self, replica: ReplicaId) -> None:
+        """Its cache is gone; like sglang-router we cannot tell, but our tree of it should not stay."""
+        self._trees.pop(replica, None)
+
     def _choose(self, req: RoutingRequest, cands: Sequence[Candidate]) -> tuple[Candidate, Reason, float]:
         loads = [c.state.inflight_requests for c in cands]
         lo, hi = min(loads), max(loads)

@@ -67,14 +67,40 @@ async def test_failing_replica_leaves_the_pool_and_returns(stack: Stack) -> None
 
 async def test_restart_is_detected_and_the_index_told(stack: Stack) -> None:
     gw = stack.gw
-    forgotten: list[str] = []
-    gw.fleet._on_reset = forgotten.append
+    restarted: list[str] = []
+    removed: list[str] = []
+    gw.fleet._on_restart, gw.fleet._on_removed = restarted.append, removed.append
     before = (await stack.replicas[0].state())["startup_time"]
     await stack.replicas[0].fault(action="restart")  # new startup_time, GPU and host tiers lost
     after = (await stack.replicas[0].state())["startup_time"]
     assert after != before
-    await wait_for(lambda: forgotten == [stack.urls[0]], timeout_s=5.0)  # info refresh every 12 checks
+    await wait_for(lambda: restarted == [stack.urls[0]], timeout_s=5.0)  # info refresh every 12 checks
     assert gw.fleet.get(stack.urls[0]).info.started_at == after  # type: ignore[union-attr]
+    assert removed == []
+
+
+async def test_a_health_flap_without_a_restart_keeps_what_the_replica_holds(stack: Stack) -> None:
+    """Same start time after the flap: the process (and its cache) survived; only removal forgets."""
+    gw = stack.gw
+    long_chat = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "word " * 800}], "max_tokens": 2}
+    )
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(stack.url + "/v1/chat/completions", data=long_chat, headers=JSON) as r,
+    ):
+        assert r.status == 200
+        served = r.headers["x-kvroute-replica"]
+    tiers = gw.index.tiers(served)  # type: ignore[attr-defined]
+    held = len(tiers.gpu)
+    assert held > 0
+    await stack.replicas[stack.urls.index(served)].fault(action="unhealthy")
+    await wait_for(lambda: not gw.fleet.get(served).healthy)  # type: ignore[union-attr]
+    await stack.replicas[stack.urls.index(served)].fault(action="clear")
+    await wait_for(lambda: gw.fleet.get(served).healthy)  # type: ignore[union-attr]
+    assert len(tiers.gpu) == held
+    assert gw.fleet.remove(served)
+    assert gw.index.tiers(served) is None  # type: ignore[attr-defined]
 
 
 async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:

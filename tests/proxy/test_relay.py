@@ -257,11 +257,15 @@ async def test_flush_cache_fans_out(stack: Stack) -> None:
         status, _, _ = await post(stack.url, "/v1/chat/completions", orjson.dumps(LONG_CHAT), JSON)
         assert status == 200
     assert all([(await r.state())["cache"]["gpu_cached"] > 0 for r in stack.replicas])
+    model = stack.gw.index
+    assert all(len(model.tiers(u).gpu) > 0 for u in stack.urls)  # type: ignore[attr-defined]
     async with aiohttp.ClientSession() as s, s.post(stack.url + "/flush_cache") as r:
         doc = await r.json()
     assert r.status == 200 and doc["flushed"] is True and set(doc["replicas"]) == set(stack.urls)
     assert [[e["status"] for e in await r.requests("/flush_cache")] for r in stack.replicas] == [[200], [200]]
     assert [(await r.state())["cache"]["gpu_cached"] for r in stack.replicas] == [0, 0]
+    # the model follows: GPU and host gone (storage would stay), the replicas still known
+    assert [len(model.tiers(u).gpu) for u in stack.urls] == [0, 0]  # type: ignore[attr-defined]
 
 
 class RecordingPolicy:

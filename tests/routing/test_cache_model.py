@@ -117,6 +117,25 @@ def test_restart_forgets_gpu_and_host_and_a_new_start_time_of_zero_is_not_a_rest
     assert model.match(doc(1), [replica(started_at=2.0)])["a"].total_tokens == 0
 
 
+def test_restart_and_flush_keep_storage_forget_drops_everything() -> None:
+    """``restart`` (a restart the fleet saw, a cache flush) is the same as a new start time; ``forget``
+    (the replica left) keeps nothing."""
+    model = CacheModel(CFG)
+    state = replica(policy="write_back", gpu=10, host=10, storage=100)
+    model.sync([state])
+    for n in range(1, 6):
+        serve(model, doc(n, blocks=20))
+    assert model.match(doc(5, blocks=20), [state])["a"].gpu_tokens == 10 * BT
+    assert model.match(doc(1, blocks=20), [state])["a"].storage_tokens == 20 * BT
+    model.restart("a")
+    assert model.match(doc(5, blocks=20), [state])["a"].total_tokens == 0  # its GPU + host copy is gone
+    after = model.match(doc(1, blocks=20), [state])["a"]
+    assert (after.gpu_tokens, after.host_tokens, after.storage_tokens) == (0, 0, 20 * BT)
+    model.restart("unknown")  # a replica the model never saw: nothing to do
+    model.forget("a")
+    assert model.match(doc(1, blocks=20), [state])["a"].total_tokens == 0
+
+
 def test_match_caps_at_prompt_minus_one_and_ignores_tiny_host_runs() -> None:
     model = CacheModel(CFG)
     state = replica()

@@ -10,7 +10,8 @@ handler ends, with an outcome:
 
     "pending"    the handler is still running
     "answered"   a response was returned (`status` holds its HTTP status; a stream may still be cut)
-    "cancelled"  the handler was cancelled: the client (e.g. a gateway) closed the connection first
+    "cancelled"  the client (e.g. a gateway) closed the connection before the answer was complete: the
+                 handler was cancelled, or its next write found the connection closed
     "reset"      a "reset" fault closed the connection before any byte
 
 Probes a router sends every few seconds (health, readiness, server/model info, loads, metrics) and the

@@ -54,7 +54,7 @@ async def _frame(request: web.Request, handler: Handler) -> web.StreamResponse:
     entry = await _record(request, replica)
     try:
         response = await _guarded(request, replica, handler, entry)
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, ConnectionResetError):  # the client left mid-answer
         _finish(entry, "cancelled")
         raise
     except web.HTTPException as exc:
@@ -96,7 +96,7 @@ async def _guarded(
         return await handler(request)
     except web.HTTPNotFound:
         return json_response({"detail": "Not Found"}, 404)  # FastAPI's body
-    except web.HTTPException:
+    except (web.HTTPException, ConnectionResetError):  # the latter: a write after the client left
         raise
     except Exception as exc:  # SGLang answers unexpected errors with its flat JSON, status 500
         traceback.print_exc()

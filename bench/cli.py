@@ -1,6 +1,7 @@
 """`kvroute bench`: every workload against every system, each on a fresh emulated fleet.
 
     kvroute bench [all|WORKLOAD...] [--systems NAME,...] [--replicas 4] [--time-scale S] [--seed N] [--quick]
+    kvroute bench rag --seeds 1,2,3       # each seed's results under OUT/seed-N/, their mean under OUT
 
 For each workload, for each system: start N fresh emulated replicas (HiCache write_back, cache report,
 metrics, debug endpoints), start the system from its command template (or none for client-side round
@@ -44,6 +45,11 @@ class BenchConfig:
     max_run_s: float
     command: str
     time_scale: float | None = None  # None: each workload's own (Workload.time_scale)
+    seeds: tuple[int, ...] = ()  # several: each seed's run under out_dir/seed-N/, their mean under out_dir
+
+    @property
+    def all_seeds(self) -> tuple[int, ...]:
+        return self.seeds or (self.seed,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,33 @@ async def model_error_ratio(gateway: str) -> float:
 
 
 async def run_workload(cfg: BenchConfig, name: str) -> str:
+    """One seed: its tables and plots under out_dir. Several: each seed's under out_dir/seed-N/, then
+    the mean over seeds (``report.aggregate``) under out_dir and in the README."""
+    if len(cfg.all_seeds) == 1:
+        md, _ = await run_seed(replace(cfg, seed=cfg.all_seeds[0]), name)
+        return md
+    runs = []
+    for seed in cfg.all_seeds:
+        one = replace(cfg, seed=seed, seeds=(), out_dir=cfg.out_dir / f"seed-{seed}", readme=None)
+        runs.append((await run_seed(one, name))[1])
+    mean = report.aggregate(runs)
+    wl = workloads.build(name, cfg.all_seeds[0], cfg.fleet.shape, cfg.quick)
+    meta = {
+        **cfg.fleet.meta(),
+        "seeds": ",".join(map(str, cfg.all_seeds)),
+        "quick": cfg.quick,
+        "requests per seed": len(wl.requests),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    md = report.write_results(cfg.out_dir, name, meta, mean, {}, {})
+    if cfg.readme is not None:
+        report.update_readme(cfg.readme, cfg.command, meta, {name: md})
+    print(md, file=sys.stderr)
+    return md
+
+
+async def run_seed(cfg: BenchConfig, name: str) -> tuple[str, list[report.Summary]]:
+    """Every system on ``name`` with ``cfg.seed``; writes its results; returns (table, summaries)."""
     wl = workloads.build(name, cfg.seed, cfg.fleet.shape, cfg.quick)
     cfg = replace(cfg, fleet=replace(cfg.fleet, time_scale=cfg.time_scale or wl.time_scale))
     print(f"== {name}: {len(wl.requests)} requests, ~{wl.prompt_tokens} prompt tokens, "
@@ -134,7 +167,7 @@ async def run_workload(cfg: BenchConfig, name: str) -> str:
     if cfg.readme is not None:
         report.update_readme(cfg.readme, cfg.command, meta, {name: md})
     print(md, file=sys.stderr)
-    return md
+    return md, summaries
 
 
 def parse(argv: Sequence[str]) -> BenchConfig:
@@ -153,6 +186,11 @@ def parse(argv: Sequence[str]) -> BenchConfig:
         help="wall seconds per modelled second (default: each workload's, 0.1-0.2)",
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--seeds",
+        default="",
+        help="comma-separated seeds: run each, report their mean (per-seed results under OUT/seed-N/)",
+    )
     p.add_argument("--quick", action="store_true", help="a much smaller run")
     p.add_argument("--max-total-tokens", type=int, default=None, help="per-replica GPU KV pool in tokens")
     p.add_argument(
@@ -171,9 +209,14 @@ def parse(argv: Sequence[str]) -> BenchConfig:
     chosen = systems.select([s for s in a.systems.split(",") if s])
     readme = None if a.no_readme else BENCH_DIR / "README.md"
     command = shlex.join(["kvroute", "bench", *argv])
+    try:
+        seeds = tuple(int(s) for s in a.seeds.split(",") if s.strip())
+    except ValueError:
+        p.error(f"--seeds: expected comma-separated integers, got {a.seeds!r}")
     return BenchConfig(
-        tuple(names), chosen, fleet, a.seed, a.quick, a.out, readme, a.max_run_seconds, command, a.time_scale
-    )
+        tuple(names), chosen, fleet, a.seed, a.quick, a.out, readme, a.max_run_seconds, command, a.time_scale,
+        seeds,
+    )  # fmt: skip
 
 
 def _interrupt(signum: int, frame: object) -> None:

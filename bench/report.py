@@ -114,6 +114,40 @@ def summarize(
 FLOOR = "floor"
 
 
+def aggregate(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
+    """The mean over seeds of each system present in every run (in the first run's order): TTFT
+    statistics, hit ratio, throughput, max/mean, per-tag means and model error are averaged; requests,
+    errors and per-replica counts are summed (per-replica keys differ between runs, so only the busiest
+    replica's count is kept, as max/replica)."""
+    if not runs:
+        return []
+    names = [s.system for s in runs[0] if all(any(t.system == s.system for t in run) for run in runs)]
+    out = []
+    for name in names:
+        rows = [next(s for s in run if s.system == name) for run in runs]
+        tags = sorted(set.intersection(*(set(r.by_tag) for r in rows)))
+        notes = sorted({r.note for r in rows if r.note})
+        out.append(
+            Summary(
+                name,
+                sum(r.requests for r in rows),
+                sum(r.errors for r in rows),
+                mean([r.mean_ttft for r in rows]),
+                mean([r.p50_ttft for r in rows]),
+                mean([r.p99_ttft for r in rows]),
+                mean([r.hit_ratio for r in rows]),
+                mean([r.throughput for r in rows]),
+                max(r.max_replica for r in rows),
+                mean([r.max_over_mean for r in rows]),
+                {},
+                {t: mean([r.by_tag[t] for r in rows]) for t in tags},
+                "; ".join(notes),
+                mean([r.model_error for r in rows]),
+            )
+        )
+    return out
+
+
 def floor_summary(ttfts: Sequence[float], tags: Sequence[str], cached: int, prompt: int) -> Summary:
     """The floor's row (``bench.floor``): TTFT statistics and hit ratio; it has no replicas or rate."""
     by: dict[str, list[float]] = {}
@@ -202,8 +236,9 @@ def write_results(
     (target / "table.md").write_text(md + "\n")
     summary = {"meta": meta, "summaries": [asdict(s) for s in summaries], "skipped": dict(skipped)}
     (target / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    raw = {name: [asdict(r) for r in recs] for name, recs in records.items()}
-    (target / "records.json").write_text(json.dumps(raw, separators=(",", ":")) + "\n")
+    if records:  # a mean over seeds has none of its own (they are under seed-N/)
+        raw = {name: [asdict(r) for r in recs] for name, recs in records.items()}
+        (target / "records.json").write_text(json.dumps(raw, separators=(",", ":")) + "\n")
     return md
 
 
@@ -218,7 +253,12 @@ def _block(name: str, command: str, meta: Mapping[str, object], md: str) -> str:
             "",
             md,
             "",
-            f"Raw records, summary and plots: `bench/results/{name}/`.",
+            (
+                f"The mean over seeds {meta['seeds']}; each seed's records, summary and plots: "
+                f"`bench/results/seed-N/{name}/`."
+                if "seeds" in meta
+                else f"Raw records, summary and plots: `bench/results/{name}/`."
+            ),
             f"<!-- fleet-bench:{name}:end -->",
         ]
     )
@@ -247,8 +287,9 @@ def update_readme(readme: Path, command: str, meta: Mapping[str, object], tables
 
 SECTION_HEAD = """## Fleet benchmark (latest tables)
 
-    make bench                       # = kvroute bench all: every workload x every system (~15-20 min)
+    make bench                       # = kvroute bench all: every workload x every system (~22 min)
     kvroute bench agent probe --quick --systems sglang,oracle,kvroute-cost
+    kvroute bench rag --seeds 1,2,3  # each seed's run under seed-N/, the table is their mean
 
 For every workload and every system the runner starts FRESH emulated SGLang replicas (default 4;
 `--enable-hierarchical-cache --hicache-write-policy write_back --hicache-ratio 2 --enable-cache-report
@@ -281,6 +322,9 @@ first sends ("cold s") and of the documents re-sent after eviction pressure, fir
 The `floor` row is not a system: it is each request's TTFT from the emulator's timing model on an
 idle replica holding every prefix sent before it, on GPU (no queueing, unbounded cache;
 `bench/floor.py`), so no router can go below it; its hit ratio is the most any placement can reach.
+Seed-to-seed differences on one workload are often larger (~15% on rag) than a policy change's effect:
+compare policies with `--seeds`, whose table averages each column over the seeds (requests and errors
+are summed).
 The line under each table compares kvroute's default policy (cost) with the best other non-oracle
 system, the oracle and the floor (issue 5's targets are such ratios), and gives kvroute's cache model
 error: sum |predicted - reported cached tokens| / sum prompt tokens over the run, read from the

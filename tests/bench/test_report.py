@@ -113,3 +113,25 @@ def test_plots_are_written_as_png(tmp_path: Path) -> None:
     plots.write_all(tmp_path, "w", summaries, records)
     for name in ("ttft_cdf.png", "hit_ratio.png", "load.png"):
         assert (tmp_path / "w" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_aggregate_is_the_mean_over_seeds_of_systems_present_in_every_run() -> None:
+    def row(name: str, ttft: float, hit: float, tag: float, err: float = float("nan")) -> report.Summary:
+        return report.Summary(name, 10, 1, ttft, ttft, 2 * ttft, hit, 3.0, 4, 1.2, {"r": 4}, {"t": tag},
+                              model_error=err)  # fmt: skip
+
+    runs = [
+        [row("kvroute-cost", 1.0, 0.8, 2.0, 0.01), row("client-rr", 3.0, 0.5, 4.0), row("x", 9.0, 0.1, 1.0)],
+        [row("client-rr", 5.0, 0.3, 6.0), row("kvroute-cost", 2.0, 0.6, 4.0, 0.03)],
+    ]
+    mean = report.aggregate(runs)
+    assert [s.system for s in mean] == ["kvroute-cost", "client-rr"]  # "x" missed a seed
+    cost = mean[0]
+    assert (cost.requests, cost.errors, cost.max_replica) == (20, 2, 4)
+    assert cost.mean_ttft == pytest.approx(1.5) and cost.p99_ttft == pytest.approx(3.0)
+    assert cost.hit_ratio == pytest.approx(0.7) and cost.by_tag == {"t": pytest.approx(3.0)}
+    assert cost.model_error == pytest.approx(0.02) and math.isnan(mean[1].model_error)
+    assert report.comparison(mean).startswith(
+        "kvroute-cost: mean TTFT 0.38x the best other non-oracle (client-rr 4.00 s); p99 0.38x"
+    )
+    assert report.aggregate([]) == []

@@ -53,6 +53,10 @@ def test_cli_parses_workloads_systems_and_time_scale() -> None:
     assert cfg.time_scale == 0.5 and cfg.fleet.replicas == 4
     assert [s.name for s in cfg.systems][-1] == "oracle" and len(cfg.systems) == 4
     assert cli.parse([]).workloads == tuple(GENERATORS)
+    assert cli.parse([]).all_seeds == (1,) and cli.parse(["--seed", "7"]).all_seeds == (7,)
+    assert cli.parse(["--seeds", "1, 2,3"]).all_seeds == (1, 2, 3)
+    with pytest.raises(SystemExit):
+        cli.parse(["--seeds", "1,x"])
     with pytest.raises(SystemExit):
         cli.parse(["nosuch"])
     assert cli.main(["--systems", "nosuch"]) == 2

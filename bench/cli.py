@@ -149,15 +149,7 @@ async def run_seed(cfg: BenchConfig, name: str) -> tuple[str, list[report.Summar
         summaries.append(
             report.summarize(system.name, result.records, result.per_replica, system.note, result.model_error)
         )
-    ideal = floor.floor(wl, cfg.fleet.page_size)
-    summaries.append(
-        report.floor_summary(
-            [f.ttft_s for f in ideal],
-            [f.tag for f in ideal],
-            sum(f.cached_tokens for f in ideal),
-            sum(f.prompt_tokens for f in ideal),
-        )
-    )
+    summaries.append(report.floor_summary(floor.floor(wl, cfg.fleet.page_size)))
     meta = {**cfg.fleet.meta(), "seed": cfg.seed, "quick": cfg.quick, "requests": len(wl.requests),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
     md = report.write_results(cfg.out_dir, name, meta, summaries, all_records, skipped)

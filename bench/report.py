@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from bench.floor import FloorRequest
 from bench.runner import Record
 
 README_BEGIN = "<!-- fleet-bench:begin -->"
@@ -73,6 +74,18 @@ class Summary:
     model_error: float = float("nan")  # kvroute: sum |predicted - reported cached| / sum prompt tokens
 
 
+def tag_means(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Mean TTFT per request tag, plus "resent" (resend1 and resend2 together) when the probe has them."""
+    tags: dict[str, list[float]] = {}
+    for tag, ttft in pairs:
+        tags.setdefault(tag, []).append(ttft)
+    by_tag = {t: mean(v) for t, v in sorted(tags.items())}
+    resent = tags.get("resend1", []) + tags.get("resend2", [])
+    if resent:
+        by_tag["resent"] = mean(resent)
+    return by_tag
+
+
 def summarize(
     system: str,
     records: Sequence[Record],
@@ -86,13 +99,7 @@ def summarize(
     span = (max(ends) - min(r.sent_s for r in ok)) if ok else 0.0
     loads = dict(per_replica) if per_replica else dict(Counter(r.replica for r in ok))
     peak, ratio = load_balance(loads)
-    tags: dict[str, list[float]] = {}
-    for r in ok:
-        tags.setdefault(r.tag, []).append(r.ttft_s or 0.0)
-    by_tag = {t: mean(v) for t, v in sorted(tags.items())}
-    resent = tags.get("resend1", []) + tags.get("resend2", [])
-    if resent:
-        by_tag["resent"] = mean(resent)
+    by_tag = tag_means([(r.tag, r.ttft_s or 0.0) for r in ok])
     return Summary(
         system,
         len(records),
@@ -116,9 +123,9 @@ FLOOR = "floor"
 
 def aggregate(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
     """The mean over seeds of each system present in every run (in the first run's order): TTFT
-    statistics, hit ratio, throughput, max/mean, per-tag means and model error are averaged; requests,
-    errors and per-replica counts are summed (per-replica keys differ between runs, so only the busiest
-    replica's count is kept, as max/replica)."""
+    statistics, hit ratio, throughput, max/mean, per-tag means and model error are averaged; requests
+    and errors are summed; max/replica is the largest of the runs (replica ids differ between runs, so
+    per-replica counts are not kept)."""
     if not runs:
         return []
     names = [s.system for s in runs[0] if all(any(t.system == s.system for t in run) for run in runs)]
@@ -148,18 +155,15 @@ def aggregate(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
     return out
 
 
-def floor_summary(ttfts: Sequence[float], tags: Sequence[str], cached: int, prompt: int) -> Summary:
+def floor_summary(ideal: Sequence[FloorRequest]) -> Summary:
     """The floor's row (``bench.floor``): TTFT statistics and hit ratio; it has no replicas or rate."""
-    by: dict[str, list[float]] = {}
-    for tag, t in zip(tags, ttfts, strict=True):
-        by.setdefault(tag, []).append(t)
-    by_tag = {t: mean(v) for t, v in sorted(by.items())}
-    resent = by.get("resend1", []) + by.get("resend2", [])
-    if resent:
-        by_tag["resent"] = mean(resent)
+    ttfts = [f.ttft_s for f in ideal]
+    prompt = sum(f.prompt_tokens for f in ideal)
+    hit = sum(f.cached_tokens for f in ideal) / prompt if prompt else 0.0
+    by_tag = tag_means([(f.tag, f.ttft_s) for f in ideal])
     nan = float("nan")
     return Summary(FLOOR, len(ttfts), 0, mean(ttfts), percentile(ttfts, 50), percentile(ttfts, 99),
-                   cached / prompt if prompt else 0.0, nan, 0, nan, {}, by_tag,
+                   hit, nan, 0, nan, {}, by_tag,
                    "no queueing, unbounded cache: every earlier prefix on GPU")  # fmt: skip
 
 

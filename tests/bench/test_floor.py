@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bench import report
-from bench.floor import floor
+from bench.floor import FloorRequest, floor
 from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import FleetShape, probe
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
@@ -37,7 +37,7 @@ def test_report_row_and_ratio_against_the_floor() -> None:
     rows = [
         report.Summary("kvroute-cost", 4, 0, 2.0, 2.0, 3.0, 0.5, 1.0, 2, 1.0, model_error=0.034),
         report.Summary("client-rr", 4, 0, 4.0, 4.0, 5.0, 0.2, 1.0, 2, 1.0),
-        report.floor_summary([1.0, 1.0, 1.0, 1.0], ["a", "a", "b", "b"], cached=60, prompt=100),
+        report.floor_summary([FloorRequest(i, "ab"[i // 2], 25, 15, 1.0) for i in range(4)]),
     ]
     assert rows[2].hit_ratio == pytest.approx(0.6)
     assert rows[2].by_tag == {"a": 1.0, "b": 1.0}

@@ -270,7 +270,7 @@ async def serve(cfg: EmulatorConfig, stop: asyncio.Event | None = None) -> None:
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
+        with contextlib.suppress(NotImplementedError):  # no signal handlers on Windows event loops
             loop.add_signal_handler(sig, stop.set)
     runners: list[web.AppRunner] = []
     try:

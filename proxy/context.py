@@ -1,8 +1,9 @@
 """The gateway's long-lived collaborators, held in one value under a typed ``web.AppKey``.
 
 ``Gateway`` owns no sockets itself: the ClientSession, the health poller and background tasks are
-created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. Its ``decide`` method is steps
-3-4 of DESIGN.md's data flow: fleet snapshot + prefix matches → candidates → the policy's Decision.
+created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. It holds the fleet, the
+upstream client, the metrics and the ``routing.router.Router``, the one door into routing: ``route``
+turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503), counting the decision.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
 from proxy.settings import Settings
+from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
-from routing.pipeline import FleetSync, NoCandidates, Outcome, Policy, PrefixIndex
-from routing.rates import CharsPerToken
-from routing.types import NO_MATCH, Candidate, Decision, RoutingRequest
+from routing.pipeline import NoCandidates
+from routing.router import Router, Ticket
 
 log = logging.getLogger("kvroute.gateway")
 
@@ -49,10 +50,8 @@ class Background:
 class Gateway:
     settings: Settings
     fleet: Fleet
-    policy: Policy
-    index: PrefixIndex
+    router: Router
     metrics: GatewayMetrics
-    chars_per_token: CharsPerToken
     background: Background = field(default_factory=Background)
     upstream: Upstream | None = None  # set by the session cleanup_ctx
 
@@ -70,43 +69,17 @@ class Gateway:
         if model not in known and model.split(":", 1)[0] not in known:
             raise ModelNotFound(f"The model '{model}' does not exist", param="model")
 
-    def decide(self, req: RoutingRequest, model: str | None) -> Decision:
-        states = self.fleet.snapshot(model)
-        if isinstance(self.index, FleetSync):
-            self.index.sync(states)
-        matches = self.index.match(req, states)
-        cands = [Candidate(s, matches.get(s.id, NO_MATCH)) for s in states]
+    def route(self, parsed: ParsedRequest) -> Ticket:
+        """Steps 2-5 of the data flow: the snapshot of the replicas serving the model → the Router."""
         try:
-            decision = self.policy.route(req, cands)
+            ticket = self.router.route(parsed.routing, self.fleet.snapshot(parsed.model))
         except NoCandidates:
+            model = parsed.model
             raise NoReplicaAvailable(
                 f"no healthy replica serves model {model!r}" if model else "no healthy replica"
             ) from None
-        self.metrics.decisions.labels(self.policy.name, decision.reason.value).inc()
-        return decision
-
-    def learn(self, outcome: Outcome, hashed: bool) -> None:
-        """Step 6 of the data flow: feed what the replica reported back to the policy and the model."""
-        self.policy.observe(outcome)
-        self.index.observe(outcome)
-        if hashed:
-            self.chars_per_token.observe_outcome(outcome, self.settings.routing.block_chars)
-
-    def forget(self, replica: str) -> None:
-        """A replica left the fleet: drop what the model and the policy knew of it."""
-        self.index.forget(replica)
-        forget = getattr(self.policy, "forget", None)
-        if callable(forget):
-            forget(replica)
-
-    def restarted(self, replica: str) -> None:
-        """A replica restarted or flushed its cache: its GPU and host tiers are gone, its storage tier
-        survives; learned rates and sessions stay (same hardware, and a session's next turn costs the
-        same everywhere now)."""
-        self.index.restart(replica)
-        restart = getattr(self.policy, "restart", None)
-        if callable(restart):
-            restart(replica)
+        self.metrics.decisions.labels(self.router.name, ticket.decision.reason.value).inc()
+        return ticket
 
 
 GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)

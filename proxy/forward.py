@@ -1,14 +1,16 @@
 """Sending one routed request upstream: attempts, retries, relay, outcome, abort.
 
-For each replica in ``[decision.replica] + decision.ranked`` (``1 + retries`` attempts, cycling
+For each replica in the ticket's ``decision.ranked`` order (``1 + retries`` attempts, cycling
 through the list when it is shorter; a replica that refused the connection is not tried again):
-1. take a load lease on the replica;
+1. a retry re-targets the ticket at its replica (``Router.retarget``: re-predicted and recorded there);
+   take a load lease on the replica (its predicted uncached tokens count as prefill in flight);
 2. send the client's exact body bytes; a connection that fails before any response byte, or a
    502/503/504 answer while another attempt remains, moves on to the next replica (counted);
    any other answer (2xx, 4xx, 500) is relayed as-is;
 3. relay: whole body, or SSE chunk by chunk; a failure after the first streamed byte sends one SSE
    error event and closes (no ``[DONE]``);
-4. ``finally``: release the lease, feed the ``Outcome`` (ok, usage, TTFT) to the policy and index.
+4. ``finally``: release the lease, finish the ticket with the replica's ``Report`` (ok, usage, TTFT):
+   the Router learns from it, or rolls back what never ran.
 If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
 closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
 """
@@ -28,8 +30,8 @@ from proxy.context import Gateway
 from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable
 from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
 from proxy.types import ParsedRequest, Usage
-from routing.pipeline import Outcome
-from routing.types import Decision, Reason, ReplicaId, RoutingRequest
+from routing.router import Ticket
+from routing.types import Decision, ReplicaId, Report
 
 log = logging.getLogger("kvroute.forward")
 RETRY_STATUSES = frozenset({502, 503, 504})
@@ -72,27 +74,21 @@ def _attempt_order(decision: Decision, retries: int) -> list[ReplicaId]:
 
 
 async def forward(
-    request: web.Request,
-    gw: Gateway,
-    raw: bytes,
-    parsed: ParsedRequest,
-    rreq: RoutingRequest,
-    decision: Decision,
+    request: web.Request, gw: Gateway, raw: bytes, parsed: ParsedRequest, ticket: Ticket
 ) -> web.StreamResponse:
     rid_header = request_id(request) if gw.settings.request_id_headers else None
     extra = {"x-request-id": rid_header} if rid_header else {}
     headers = forward_headers(request.headers, extra)
-    prefill = max(0, rreq.prompt_tokens - int(decision.predicted_cached_tokens))
     last: UpstreamError | None = None
-    order = _attempt_order(decision, gw.settings.retries)
+    order = _attempt_order(ticket.decision, gw.settings.retries)
     unreachable: set[ReplicaId] = set()
     for n, replica in enumerate(order):
         if replica in unreachable or gw.fleet.get(replica) is None:
             continue
         if n > 0:
             gw.metrics.retries.labels(replica).inc()
-            decision = dataclasses.replace(decision, replica=replica, reason=Reason.FALLBACK)
-            gw.index.record(rreq, decision)
+            ticket = gw.router.retarget(ticket, replica)
+        prefill = max(0, round(ticket.prediction.uncached_tokens))
         attempt = Attempt(gw, replica, prefill, parsed.route.value)
         try:
             result = await _try(
@@ -109,7 +105,7 @@ async def forward(
                 gw.fleet.mark_unreachable(replica, e.message)
         finally:
             attempt.lease.release()
-            _observe(gw, rreq, decision, attempt)
+            _finish(gw, ticket, attempt)
     raise last or NoReplicaAvailable("no replica could take the request")
 
 
@@ -122,10 +118,9 @@ def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
     return 0 if r is not None and r.info is not None and r.info.cache_report else None
 
 
-def _observe(gw: Gateway, rreq: RoutingRequest, decision: Decision, a: Attempt) -> None:
+def _finish(gw: Gateway, ticket: Ticket, a: Attempt) -> None:
     u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
-    outcome = Outcome(rreq, decision, a.ok, u.prompt_tokens, u.cached_tokens, a.ttft)
-    gw.learn(outcome, hashed=a.route != "passthrough")
+    gw.router.finish(ticket, Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft))
     if u.prompt_tokens is not None:
         gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
     if u.cached_tokens is not None:

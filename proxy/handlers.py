@@ -1,5 +1,6 @@
-"""HTTP handlers. A generation request reads top to bottom as DESIGN.md's data flow:
-parse → check model → routing request → decide → record → forward (relay, outcome, release, abort).
+"""HTTP handlers. A generation request reads top to bottom as the data flow of docs/design.md:
+parse (once) → check model → route (the Router decides and records: a Ticket) → forward (relay, retry,
+finish the ticket, release, abort).
 
 Also here: ``GET /v1/models`` (union over healthy replicas, deduplicated by id), ``GET
 /v1/models/{model}``, pass-through of any other ``/v1/*`` path (routed by the same policy, the body's
@@ -20,13 +21,13 @@ from aiohttp import web
 from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.context import GATEWAY, Gateway
-from proxy.errors import GatewayError, InvalidRequest, ModelNotFound, PayloadTooLarge, UpstreamError
+from proxy.errors import GatewayError, ModelNotFound, PayloadTooLarge, UpstreamError
 from proxy.forward import forward
-from proxy.openai import parse_request
-from proxy.requests import routing_request
-from proxy.types import ParsedRequest, Route
+from proxy.openai import parse_request, passthrough_request
+from proxy.types import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+SESSION_HEADER = "x-session-id"
 MODELS_TIMEOUT_S = 5.0
 
 
@@ -47,22 +48,12 @@ def generation(route: Route) -> Handler:
         if request.transport is not None:
             tcp_nodelay(request.transport, True)
         raw = await read_body(request, gw.settings.max_body_bytes)
-        parsed = parse_request(route, raw)
+        parsed = parse_request(route, raw, request.headers.get(SESSION_HEADER))
         gw.check_model(parsed.model)
-        rreq = routing_request(parsed, request.headers, gw.settings.routing, gw.chars_per_token.value)
-        decision = gw.decide(rreq, parsed.model)
-        gw.index.record(rreq, decision)
-        return await forward(request, gw, raw, parsed, rreq, decision)
+        ticket = gw.route(parsed)
+        return await forward(request, gw, raw, parsed, ticket)
 
     return handle
-
-
-def _passthrough_request(raw: bytes) -> ParsedRequest:
-    """Any other /v1/* request: routed by size, and by its ``model`` when the body names one."""
-    try:
-        return parse_request(Route.PASSTHROUGH, raw)
-    except InvalidRequest:
-        return ParsedRequest(Route.PASSTHROUGH, None, False, len(raw), 0, 0, None, "", None, {})
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -70,11 +61,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.transport is not None:
         tcp_nodelay(request.transport, True)
     raw = await read_body(request, gw.settings.max_body_bytes)
-    parsed = _passthrough_request(raw)
+    parsed = passthrough_request(raw, request.headers.get(SESSION_HEADER))
     gw.check_model(parsed.model)
-    rreq = routing_request(parsed, request.headers, gw.settings.routing, gw.chars_per_token.value)
-    decision = gw.decide(rreq, parsed.model)
-    return await forward(request, gw, raw, parsed, rreq, decision)
+    ticket = gw.route(parsed)
+    return await forward(request, gw, raw, parsed, ticket)
 
 
 async def _replica_models(gw: Gateway, replica: str) -> list[dict[str, Any]]:
@@ -125,7 +115,7 @@ async def flush_cache(request: web.Request) -> web.Response:
         except UpstreamError:
             status = 502
         if 200 <= status < 300:
-            gw.restarted(replica)  # the radix tree and the host pool are reset, L3 storage is not
+            gw.router.restart(replica)  # the radix tree and the host pool are reset, L3 storage is not
         return replica, status
 
     results = dict(await asyncio.gather(*(one(r) for r in targets)))
@@ -144,24 +134,18 @@ async def health(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     replicas = [r.status() for r in gw.fleet.replicas()]
+    router = gw.router.status()
     doc = {
         "time": time.time(),
-        "policy": gw.policy.name,
+        "policy": router.policy,
         "healthy_replicas": sum(1 for r in replicas if r["healthy"]),
         "replicas": replicas,
         "models": sorted(gw.fleet.models()),
-        "cache_model": _accuracy(gw),
+        "cache_model": {rid: dataclasses.asdict(a) for rid, a in gw.router.accuracy().items()},
+        "router": dataclasses.asdict(router),
         "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
     }
     return web.Response(body=orjson.dumps(doc, default=str), content_type="application/json")
-
-
-def _accuracy(gw: Gateway) -> dict[str, Any]:
-    """Per replica, how well the cache model predicted the cached tokens the replica reported."""
-    accuracy = getattr(gw.index, "accuracy", None)
-    if not callable(accuracy):
-        return {}
-    return {rid: dataclasses.asdict(a) for rid, a in accuracy().items()}
 
 
 async def metrics(request: web.Request) -> web.Response:

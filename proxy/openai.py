@@ -1,4 +1,4 @@
-"""Pure parsing and validation of generation request bodies (no I/O).
+"""Pure parsing and validation of generation request bodies (no I/O), once per request.
 
 The gateway validates only what it needs to route and what SGLang would reject anyway with a less
 useful message: the body is a JSON object; ``model`` is a string; chat ``messages`` is a non-empty list
@@ -6,6 +6,13 @@ of objects with a string ``role``; completions ``prompt`` is a string, a list of
 ids or a list of lists of ids; ``/generate`` has ``text`` or ``input_ids``; ``stream`` is a boolean;
 ``n`` and the max-token fields are integers. Everything else is the engine's business and is forwarded
 untouched: the body bytes the client sent are the bytes the replica gets.
+
+What routing needs is built here, in one pass, as a typed ``routing.prompt.PromptRequest``: the prompt
+(chat messages with tools and template options, text, or token ids; a batch by its first prompt), the
+cache namespace (``cache_salt``, ``extra_key``, ``lora_path``), the session key and the engine's output
+budget: chat ``max_completion_tokens or max_tokens`` (0 means unset, as in SGLang), completions
+``max_tokens`` (SGLang's default 16), ``/generate`` ``sampling_params.max_new_tokens`` (default 128; 0 is
+a prefill-only request).
 """
 
 from __future__ import annotations
@@ -16,6 +23,11 @@ import orjson
 
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject, ParsedRequest, Route
+from routing.canonical import TEMPLATE_OPTIONS
+from routing.prompt import ChatPrompt, Message, Namespace, Prompt, PromptRequest, TextPrompt, TokenPrompt
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # SGLang's CompletionRequest default
+GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
 
 
 def parse_json(raw: bytes) -> JSONObject:
@@ -34,9 +46,8 @@ def _opt(body: JSONObject, key: str, kind: type | tuple[type, ...], what: str) -
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise InvalidRequest(f"'{key}' must be {what}", param=key)
-    if not isinstance(value, kind):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kind):
         raise InvalidRequest(f"'{key}' must be {what}", param=key)
     return value
 
@@ -50,48 +61,44 @@ def _model(body: JSONObject) -> str:
     return model
 
 
-def _content_chars(content: object) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        return sum(
-            len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _message(i: int, m: object) -> Message:
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise InvalidRequest(
+            f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]"
         )
-    return 0
+    return Message(
+        m["role"], m.get("content"), _str(m.get("name")), m.get("tool_calls"), _str(m.get("tool_call_id"))
+    )
 
 
-def _messages_chars(body: JSONObject) -> int:
+def _chat(body: JSONObject) -> ChatPrompt:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    total = 0
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise InvalidRequest(
-                f"'messages[{i}]' must be an object with a string 'role'", param=f"messages[{i}]"
-            )
-        total += _content_chars(m.get("content")) + len(m["role"])
-        if isinstance(m.get("tool_calls"), list):
-            total += len(orjson.dumps(m["tool_calls"]))
-    tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise InvalidRequest("'tools' must be an array", param="tools")
-        total += len(orjson.dumps(tools))
-    return total
+    tools = _opt(body, "tools", list, "an array")
+    options = tuple((k, body[k]) for k in TEMPLATE_OPTIONS if body.get(k) is not None)
+    return ChatPrompt(tuple(_message(i, m) for i, m in enumerate(messages)), tools, options)
 
 
-def _prompt_size(value: object, param: str) -> tuple[int, int]:
-    """(text chars, token ids) of a completions prompt / generate text or input_ids."""
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def _text_or_ids(value: object, param: str) -> Prompt:
+    """A completions prompt / generate text or input_ids; a batch is represented by its first prompt."""
     if isinstance(value, str):
-        return len(value), 0
+        return TextPrompt(value)
     if isinstance(value, list) and value:
         if all(isinstance(v, str) for v in value):
-            return sum(len(v) for v in value), 0
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return 0, len(value)
-        if all(isinstance(v, list) and all(isinstance(t, int) for t in v) for v in value):
-            return 0, sum(len(v) for v in value)
+            return TextPrompt(value[0])
+        if _is_ids(value):
+            return TokenPrompt(tuple(value))
+        if all(_is_ids(v) for v in value):
+            return TokenPrompt(tuple(value[0]))
     raise InvalidRequest(
         f"'{param}' must be a string, an array of strings, an array of token ids "
         "or an array of arrays of ids",
@@ -99,59 +106,75 @@ def _prompt_size(value: object, param: str) -> tuple[int, int]:
     )
 
 
-def _max_new_tokens(body: JSONObject, route: Route) -> int:
-    if route is Route.GENERATE:
-        sp = _opt(body, "sampling_params", dict, "an object")
-        value = (sp or {}).get("max_new_tokens")
-        return value if isinstance(value, int) and not isinstance(value, bool) else 128
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = _opt(body, key, int, "an integer")
-        if value:
-            return int(value)
-    return 0
-
-
-def _tenant(body: JSONObject) -> str:
-    parts = [body.get("cache_salt"), body.get("extra_key")]
-    return "".join(p for p in parts if isinstance(p, str))
-
-
-def parse_request(route: Route, raw: bytes) -> ParsedRequest:
-    """Validates a generation body and measures its prompt; raises InvalidRequest naming the param."""
-    body = parse_json(raw)
-    model: str | None = None
+def _prompt(route: Route, body: JSONObject) -> Prompt | None:
     if route is Route.CHAT:
-        model = _model(body)
-        chars, ids = _messages_chars(body), 0
-    elif route is Route.COMPLETIONS:
-        model = _model(body)
+        return _chat(body)
+    if route is Route.COMPLETIONS:
         if "prompt" not in body:
             raise InvalidRequest("'prompt' is a required property", param="prompt")
-        chars, ids = _prompt_size(body["prompt"], "prompt")
-    elif route is Route.GENERATE:
+        return _text_or_ids(body["prompt"], "prompt")
+    if route is Route.GENERATE:
         key = "text" if body.get("text") is not None else "input_ids"
         if body.get(key) is None:
             raise InvalidRequest("'text' or 'input_ids' is required", param="text")
-        chars, ids = _prompt_size(body[key], key)
-    else:
-        raw_model = body.get("model")
-        model = raw_model if isinstance(raw_model, str) and raw_model else None
-        chars, ids = len(raw), 0
+        return _text_or_ids(body[key], key)
+    return None
+
+
+def _max_new_tokens(body: JSONObject, route: Route) -> int | None:
+    if route is Route.GENERATE:
+        sp = body.get("sampling_params")
+        value = sp.get("max_new_tokens") if isinstance(sp, dict) else None
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        return value if ok else GENERATE_DEFAULT_MAX_NEW_TOKENS
+    if route is Route.PASSTHROUGH:
+        return None
+    keys = ("max_completion_tokens", "max_tokens") if route is Route.CHAT else ("max_tokens",)
+    for key in keys:
+        value = _opt(body, key, int, "an integer")
+        if value:
+            return int(value)
+    return COMPLETIONS_DEFAULT_MAX_TOKENS if route is Route.COMPLETIONS else None
+
+
+def _namespace(body: JSONObject) -> Namespace:
+    return Namespace(
+        cache_salt=_str(body.get("cache_salt")) or "",
+        extra_key=_str(body.get("extra_key")) or "",
+        lora=_str(body.get("lora_path")) or "",
+    )
+
+
+def _route_model(route: Route, body: JSONObject) -> str | None:
+    if route in (Route.CHAT, Route.COMPLETIONS):
+        return _model(body)
+    return _str(body.get("model"))
+
+
+def parse_request(route: Route, raw: bytes, session: str | None = None) -> ParsedRequest:
+    """Validates a generation body and builds what routing needs; raises InvalidRequest naming the param.
+
+    ``session`` is the conversation key from the request headers, when there is one; the body's ``user``
+    field stands in for it otherwise."""
+    body = parse_json(raw)
+    model = _route_model(route, body)
+    prompt = _prompt(route, body)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     n = _opt(body, "n", int, "an integer")
     if n is not None and n < 1:
         raise InvalidRequest("'n' must be at least 1", param="n")
-    user = body.get("user")
-    rid = body.get("rid")
-    return ParsedRequest(
-        route=route,
-        model=model,
-        stream=stream,
-        prompt_chars=chars,
-        prompt_token_ids=ids,
-        max_new_tokens=_max_new_tokens(body, route),
-        user=user if isinstance(user, str) else None,
-        tenant=_tenant(body),
-        rid=rid if isinstance(rid, str) else None,
-        body=body,
+    session = session or _str(body.get("user"))
+    request = PromptRequest(
+        model or "", prompt, _namespace(body), session, _max_new_tokens(body, route), len(raw)
     )
+    return ParsedRequest(route, model, stream, _str(body.get("rid")), request)
+
+
+def passthrough_request(raw: bytes, session: str | None = None) -> ParsedRequest:
+    """Any other /v1/* request: routed by size, and by its ``model`` when the body names one."""
+    try:
+        return parse_request(Route.PASSTHROUGH, raw, session)
+    except InvalidRequest:
+        return ParsedRequest(
+            Route.PASSTHROUGH, None, False, None, PromptRequest("", None, size_bytes=len(raw))
+        )

@@ -25,40 +25,21 @@ from proxy.metrics import GatewayMetrics
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
 from proxy.upstream import Upstream
-from routing.policies.factory import build_policy, build_prefix_index
-from routing.rates import CharsPerToken
+from routing.router import Router
 
 log = logging.getLogger("kvroute")
 
 
 def build_gateway(settings: Settings) -> Gateway:
-    index = build_prefix_index(settings.routing)
-    policy = build_policy(settings.routing)
-    gateway: Gateway | None = None
-
-    def on_removed(replica: str) -> None:  # the fleet exists before the gateway that holds it
-        if gateway is not None:
-            gateway.forget(replica)
-
-    def on_restart(replica: str) -> None:
-        if gateway is not None:
-            gateway.restarted(replica)
-
-    fleet = Fleet(settings.backends, settings.health_interval, on_removed=on_removed, on_restart=on_restart)
-    accuracy = getattr(index, "accuracy", None)
-    metrics = GatewayMetrics(
-        lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()],
-        accuracy if callable(accuracy) else None,
+    router = Router(settings.routing)
+    fleet = Fleet(
+        settings.backends,
+        settings.health_interval,
+        on_removed=router.forget,
+        on_restart=router.restart,
     )
-    gateway = Gateway(
-        settings=settings,
-        fleet=fleet,
-        policy=policy,
-        index=index,
-        metrics=metrics,
-        chars_per_token=CharsPerToken(settings.routing.chars_per_token),
-    )
-    return gateway
+    metrics = GatewayMetrics(lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()], router.accuracy)
+    return Gateway(settings=settings, fleet=fleet, router=router, metrics=metrics)
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from routing.prompt import PromptRequest
+
 JSONObject = dict[str, Any]
 
 
@@ -20,18 +22,13 @@ class Route(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
-    """A validated generation request: what routing and relaying need, never the prompt text."""
+    """A validated request: what relaying needs, and the typed request routing gets (never the body)."""
 
     route: Route
     model: str | None  # None for /generate and bodies without a model
     stream: bool
-    prompt_chars: int  # characters of prompt text (or tokens x chars-per-token for token-id prompts)
-    prompt_token_ids: int  # prompt tokens given as ids (exact), 0 for text prompts
-    max_new_tokens: int
-    user: str | None
-    tenant: str  # cache_salt + extra_key (SGLang's extra_key_effective)
     rid: str | None  # a client-supplied SGLang rid, when a string
-    body: JSONObject
+    routing: PromptRequest
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,34 +1,26 @@
-"""The per-replica cache model: what each replica holds, per tier, and how wrong we have been.
+"""The per-replica cache model: what each replica holds, per tier, as routing believes it.
 
-``CacheModel`` implements ``routing.pipeline.PrefixIndex`` on top of ``routing.tiers.ReplicaTiers``:
+``CacheModel`` keeps one ``routing.tiers.ReplicaTiers`` per replica:
 
-- **Capacities** come from the replica snapshots (``gpu_tokens``, ``host_tokens``, ``storage_tokens``),
-  converted to blocks with the current tokens-per-block estimate times the learned ratio of engine
-  tokens to estimated tokens (``usage.prompt_tokens`` / the request's estimate, a robust EWMA),
-  scaled by a learned per-replica, per-tier *effective-capacity factor* (in (0, 1]) and, when the
-  fleet's total exceeds
-  ``model_budget_blocks``, scaled down together so the model never holds more than the budget.
-  Replicas are synced from every snapshot passed to ``match`` (or ``sync``): a change of
-  ``started_at`` is a restart and forgets GPU and host; a hybrid model with a write-through policy
-  gets no host or storage tier (the seeds' trap: its host copies lack the recurrent-state anchor and
-  are never reused, contract §3.2).
+- **Capacities** come from the replica snapshots (``gpu_tokens``, ``host_tokens``, ``storage_tokens``, in
+  engine tokens), converted to blocks with the token estimator's current ``block_tokens``
+  (``routing.tokens``), scaled by the replica's effective-capacity factors (``routing.calibration``) and,
+  when the fleet's total exceeds ``model_budget_blocks``, scaled down together so the model never holds
+  more than the budget. ``sync`` adds replicas and notices restarts (a change of ``started_at`` forgets GPU
+  and host); a hybrid model with a write-through policy gets no host or storage tier (the seeds' trap:
+  its host copies lack the recurrent-state anchor and are never reused, contract §3.2).
 - ``match`` returns, per replica, the leading tokens found on GPU, then host, then storage. Host runs
   shorter than SGLang's load-back threshold (10 tokens) and storage runs shorter than its prefetch
   threshold (256 tokens) count as misses, and the total is capped at ``prompt_tokens - 1`` (the engine
   always computes one token). On a hybrid replica (``resume_interval`` > 0) a match that stops inside a
   recorded prompt is first cut back to the last recurrent-state resume point (``routing.resume``).
-- ``record`` inserts the request's blocks optimistically on the chosen replica and remembers what it
-  predicted; the blocks it newly added stay *provisional* until the request's outcome arrives. A
-  request that failed before its first byte, or was recorded again elsewhere (a retry), never ran:
-  its new blocks are rolled back.
-- ``observe`` compares the prediction with the reported ``cached_tokens``. Lower than predicted on
-  blocks that were not provisional means the model kept blocks the engine had evicted: the factor of
-  the tier where the prediction broke shrinks by ``GAIN x missing fraction`` (and the tier evicts down
-  to its new size). Higher means the model was pessimistic: both factors grow back toward 1. These
-  comparisons convert the reported tokens to estimated ones with the learned ratio, so a wrong
-  chars-per-token guess is not mistaken for a capacity error. On hybrid replicas a shortfall of up to one
-  resume interval is explained by resume points off the grid (``routing.resume``), not by evictions.
-  Every outcome adds |predicted - actual| (in engine tokens) to the replica's accuracy statistics.
+- ``record`` inserts the request's blocks optimistically on the chosen replica and returns a
+  ``Recorded`` receipt: the prediction and which blocks the request holds provisionally
+  (``routing.ledger``). ``settle`` takes the receipt back with the replica's ``Report``: a request that
+  never ran is rolled back (the blocks nobody else holds leave the tiers), one that ran is confirmed and
+  its reported ``cached_tokens`` calibrates the replica (``routing.calibration``), with a tolerance of two
+  blocks or 10% of the prediction, and on hybrid replicas up to one resume interval (resume points off
+  the grid, ``routing.resume``).
 
 A replica's blocks live only in its own tiers, so ``forget`` is O(its blocks).
 """
@@ -37,45 +29,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
 from math import inf
 
+from routing.calibration import AccuracyStats, Calibration, Sample
 from routing.config import RoutingConfig
-from routing.pipeline import Outcome
-from routing.rates import robust_update
+from routing.ledger import Provisional
 from routing.resume import SequenceEnds, grid_tokens
-from routing.tiers import CountedBlocks, ReplicaTiers, host_reusable
-from routing.types import NO_MATCH, Decision, PrefixMatch, ReplicaId, ReplicaState, RoutingRequest
+from routing.tiers import ReplicaTiers, host_reusable
+from routing.types import NO_MATCH, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
 
-GAIN = 0.25  # learning gain of the effective-capacity factors
-MIN_FACTOR = 0.05
 LOAD_BACK_MIN_TOKENS = 10  # SGLang skips (recomputes) host loads shorter than this
 PREFETCH_MIN_TOKENS = 256  # SGLang prefetches from storage only from this many tokens
-MAX_PENDING = 8192  # predictions awaiting an outcome (in-flight requests); the oldest are dropped beyond
 
 
 @dataclass(frozen=True, slots=True)
-class AccuracyStats:
-    """How well the model predicted one replica's reported ``cached_tokens``."""
+class Recorded:
+    """The receipt of one ``record``: what was predicted and what the request holds provisionally."""
 
-    requests: int
-    mean_abs_error_tokens: float
-    error_ratio: float  # sum |predicted - actual| / sum prompt tokens
-    mean_predicted_tokens: float
-    mean_actual_tokens: float
-    gpu_factor: float
-    host_factor: float
-    abs_error_tokens: float = 0.0  # sum |predicted - actual| (engine tokens), to pool replicas
-    prompt_tokens: float = 0.0  # sum of reported prompt tokens
-
-
-@dataclass(slots=True)
-class _Accuracy:
-    requests: int = 0
-    abs_error: float = 0.0
-    prompt: float = 0.0
-    predicted: float = 0.0
-    actual: float = 0.0
+    request: RoutingRequest
+    replica: ReplicaId
+    match: PrefixMatch  # predicted tokens per tier on this replica
+    confirmed: float  # predicted tokens on blocks that were real (not provisional) when routed
+    held_from: int  # first block index the request holds provisionally
+    new_end: bool  # hybrid: this request added its prompt's end to the replica's SequenceEnds
 
 
 @dataclass(slots=True)
@@ -83,33 +59,17 @@ class _Replica:
     state: ReplicaState
     tiers: ReplicaTiers
     ends: SequenceEnds  # hybrid: where recorded prompts ended (routing.resume)
-    gpu_factor: float = 1.0
-    host_factor: float = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    request: RoutingRequest
-    replica: ReplicaId
-    gpu: float  # predicted tokens per tier
-    host: float
-    confirmed: float  # predicted tokens on blocks that were not provisional
-    new_from: int  # first block index this request added
-    new_end: bool  # hybrid: this request added its prompt's end to the replica's SequenceEnds
 
 
 class CacheModel:
     """Per-replica tiered cache model (see the module docstring)."""
 
-    def __init__(self, cfg: RoutingConfig) -> None:
+    def __init__(self, cfg: RoutingConfig, block_tokens: float) -> None:
         self._cfg = cfg
         self._replicas: dict[ReplicaId, _Replica] = {}
-        self._provisional: dict[ReplicaId, CountedBlocks] = {}
-        self._pending: dict[int, _Pending] = {}
-        self._accuracy: dict[ReplicaId, _Accuracy] = {}
-        self._block_tokens = cfg.block_chars / cfg.chars_per_token
-        self._engine_ratio = 1.0  # engine tokens per estimated token, learned from usage.prompt_tokens
-        self._sized_ratio = 1.0  # the ratio the capacities were last computed with
+        self._provisional = Provisional()
+        self.calibration = Calibration()
+        self.block_tokens = block_tokens  # engine tokens per block the capacities were sized with
         self._scale = 1.0
 
     # ---- fleet state -------------------------------------------------------------------------------
@@ -121,9 +81,15 @@ class CacheModel:
         if changed:
             self._resize()
 
+    def resize(self, block_tokens: float) -> None:
+        """The token estimate moved: capacities (engine tokens) convert to another number of blocks."""
+        self.block_tokens = block_tokens
+        self._resize()
+
     def forget(self, replica: ReplicaId) -> None:
         self._replicas.pop(replica, None)
-        self._provisional.pop(replica, None)
+        self._provisional.drop(replica)
+        self.calibration.forget(replica)
         self._resize()
 
     def restart(self, replica: ReplicaId) -> None:
@@ -132,140 +98,113 @@ class CacheModel:
         if r is not None:
             r.tiers.restart()
             r.ends.clear()
-        self._provisional.pop(replica, None)
+        self._provisional.drop(replica)
 
     def blocks(self) -> int:
         """Blocks held over all replicas and tiers (bounded by ``model_budget_blocks``)."""
         return sum(r.tiers.blocks() for r in self._replicas.values())
 
+    def replica_ids(self) -> list[ReplicaId]:
+        return list(self._replicas)
+
     def tiers(self, replica: ReplicaId) -> ReplicaTiers | None:
         r = self._replicas.get(replica)
         return r.tiers if r else None
+
+    def accuracy(self) -> Mapping[ReplicaId, AccuracyStats]:
+        return self.calibration.accuracy()
 
     def _sync_one(self, state: ReplicaState) -> bool:
         known = self._replicas.get(state.id)
         if known is None:
             self._replicas[state.id] = _Replica(state, ReplicaTiers(), SequenceEnds())
             return True
-        if known.state == state:
-            return False
-        if known.state.started_at and state.started_at and known.state.started_at != state.started_at:
+        old, known.state = known.state, state  # load figures change on every snapshot; they are not ours
+        if old.started_at != state.started_at and old.started_at and state.started_at:
             self.restart(state.id)
-        old = known.state
-        known.state = state
-        return _sizing(old) != _sizing(state)
+        return not _same_shape(old, state)
 
     def _resize(self) -> None:
-        self._sized_ratio = self._engine_ratio
         raw = {rid: self._raw_capacity(r.state) for rid, r in self._replicas.items()}
         total = sum(g + h + s for g, h, s in raw.values())
         self._scale = min(1.0, self._cfg.model_budget_blocks / total) if total else 1.0
         for rid, r in self._replicas.items():
             g, h, s = raw[rid]
-            r.tiers.configure(
-                int(g * r.gpu_factor * self._scale),
-                int(h * r.host_factor * self._scale),
-                int(s * self._scale),
-                r.state.write_policy,
-            )
+            gf, hf = self.calibration.factors(rid)
+            sc = self._scale
+            r.tiers.configure(int(g * gf * sc), int(h * hf * sc), int(s * sc), r.state.write_policy)
             t = r.tiers
             r.ends.capacity = t.gpu.capacity + t.host.capacity + t.storage.capacity
 
     def _raw_capacity(self, state: ReplicaState) -> tuple[float, float, float]:
-        bt = self._block_tokens * self._engine_ratio  # engine tokens per block
+        bt = self.block_tokens
         reusable = host_reusable(state)
         host = state.host_tokens / bt if reusable else 0.0
         storage = state.storage_tokens / bt if reusable else 0.0
         return state.gpu_tokens / bt, host, storage
 
-    # ---- PrefixIndex --------------------------------------------------------------------------------
-    def match(self, req: RoutingRequest, replicas: Sequence[ReplicaState]) -> Mapping[ReplicaId, PrefixMatch]:
-        self.sync(replicas)
+    # ---- requests -----------------------------------------------------------------------------------
+    def match(self, req: RoutingRequest, replicas: Sequence[ReplicaState]) -> dict[ReplicaId, PrefixMatch]:
+        """Per replica of ``replicas`` (already synced), the request's leading tokens per tier."""
         hashes = req.block_hashes
         out: dict[ReplicaId, PrefixMatch] = {}
         if not hashes:
             return out
+        known, reverse, to_tokens = self._replicas, hashes[::-1], self._to_tokens
         for state in replicas:
-            r = self._replicas[state.id]
-            g, h, s = r.tiers.runs(hashes)
-            out[state.id] = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
+            r = known.get(state.id)
+            if r is None:
+                continue
+            g, h, s = r.tiers.runs(hashes, reverse)
+            if g or h or s:
+                resume = self._resume_limit(req, r, g + h + s) if state.resume_interval > 0 else inf
+                out[state.id] = to_tokens(req, g, h, s, resume)
         return out
 
-    def record(self, req: RoutingRequest, decision: Decision) -> None:
-        r = self._replicas.get(decision.replica)
-        if r is None or not req.block_hashes:
-            return
-        self._track_block_tokens(req.block_tokens)
-        previous = self._pending.pop(id(req), None)
-        if previous is not None:  # recorded again (a retry on another replica): the first never ran
-            self._rollback(previous)
+    def record(self, req: RoutingRequest, replica: ReplicaId) -> Recorded | None:
+        """Inserts the request's blocks on ``replica``; the receipt goes back to ``settle``."""
+        r = self._replicas.get(replica)
         hashes = req.block_hashes
+        if r is None or not hashes:
+            return None
         g, h, s = r.tiers.insert(hashes)
         m = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:
             new_end = r.ends.add(hashes, req.prompt_tokens, req.block_tokens)
-        provisional = self._provisional.setdefault(decision.replica, CountedBlocks())
-        confirmed = provisional.first_of(hashes[: g + h + s])
-        provisional.add(hashes[g + h + s :])
-        pending = _Pending(
-            req,
-            decision.replica,
-            m.gpu_tokens,
-            m.host_tokens + m.storage_tokens,
-            min(m.total_tokens, confirmed * req.block_tokens),
-            g + h + s,
-            new_end,
-        )
-        self._pending[id(req)] = pending
-        if len(self._pending) > MAX_PENDING:
-            for key in list(islice(self._pending, len(self._pending) - MAX_PENDING)):
-                self._release(self._pending.pop(key))
+        held_from = self._provisional.first_held(replica, hashes[: g + h + s])
+        self._provisional.hold(replica, hashes[held_from:])
+        confirmed = min(m.total_tokens, held_from * req.block_tokens)
+        return Recorded(req, replica, m, confirmed, held_from, new_end)
 
-    def observe(self, outcome: Outcome) -> None:
-        p = self._pending.get(id(outcome.request))
-        if p is None or p.request is not outcome.request:
+    def settle(self, rec: Recorded, report: Report) -> None:
+        """The request's outcome: roll back what never ran, confirm and learn from what did."""
+        if not report.ran:
+            self._rollback(rec)
             return
-        del self._pending[id(outcome.request)]
-        if not outcome.ok and outcome.ttft_s is None:  # failed before its first byte: it never ran
-            self._rollback(p)
+        self._provisional.confirm(rec.replica, rec.request.block_hashes[rec.held_from :])
+        r = self._replicas.get(rec.replica)
+        if r is None or not report.ok or report.cached_tokens is None:
             return
-        self._release(p)
-        r = self._replicas.get(p.replica)
-        if (
-            r is None
-            or not outcome.ok
-            or outcome.cached_tokens is None
-            or outcome.decision.replica != p.replica
-        ):
-            return
-        self._learn_engine_ratio(p.request.prompt_tokens, outcome.prompt_tokens)
-        ratio = self._engine_ratio
-        actual = float(outcome.cached_tokens)
-        self._account(p, actual, float(outcome.prompt_tokens or p.request.prompt_tokens * ratio), ratio)
-        resume_slack = r.state.resume_interval / ratio  # hybrid: resume points off the grid
-        tolerance = max(2.0 * p.request.block_tokens, 0.1 * (p.gpu + p.host), resume_slack)
-        resized = self._learn(r, p, actual / ratio, tolerance)
-        if resized or abs(ratio - self._sized_ratio) > 0.1 * self._sized_ratio:
+        if self.calibration.learn(rec.replica, self._sample(r, rec, report)):
             self._resize()
 
-    def accuracy(self) -> Mapping[ReplicaId, AccuracyStats]:
-        out: dict[ReplicaId, AccuracyStats] = {}
-        for rid, a in self._accuracy.items():
-            r = self._replicas.get(rid)
-            n = max(1, a.requests)
-            out[rid] = AccuracyStats(
-                requests=a.requests,
-                mean_abs_error_tokens=a.abs_error / n,
-                error_ratio=a.abs_error / a.prompt if a.prompt else 0.0,
-                mean_predicted_tokens=a.predicted / n,
-                mean_actual_tokens=a.actual / n,
-                gpu_factor=r.gpu_factor if r else 1.0,
-                host_factor=r.host_factor if r else 1.0,
-                abs_error_tokens=a.abs_error,
-                prompt_tokens=a.prompt,
-            )
-        return out
+    def _sample(self, r: _Replica, rec: Recorded, report: Report) -> Sample:
+        req, m = rec.request, rec.match
+        gpu, host = m.gpu_tokens, m.host_tokens + m.storage_tokens
+        tolerance = max(2.0 * req.block_tokens, 0.1 * (gpu + host), float(r.state.resume_interval))
+        prompt = float(report.prompt_tokens or req.prompt_tokens)
+        return Sample(gpu, host, rec.confirmed, float(report.cached_tokens or 0), prompt, tolerance)
+
+    def _rollback(self, rec: Recorded) -> None:
+        """Undoes the optimistic insert of a request that never ran: the blocks it alone held leave."""
+        gone = self._provisional.release(rec.replica, rec.request.block_hashes[rec.held_from :])
+        r = self._replicas.get(rec.replica)
+        if r is None:
+            return
+        r.tiers.discard(gone)
+        if rec.new_end:
+            r.ends.discard(rec.request.block_hashes[-1])
 
     # ---- internals ----------------------------------------------------------------------------------
     def _resume_limit(self, req: RoutingRequest, r: _Replica, n: int) -> float:
@@ -277,10 +216,10 @@ class CacheModel:
         bt = req.block_tokens
         if r.state.resume_at_end and r.ends.contained(req.block_hashes[n - 1], req.prompt_tokens, bt):
             return inf
-        ratio = self._engine_ratio
-        return grid_tokens(n * bt * ratio, interval) / ratio
+        return grid_tokens(n * bt, interval)
 
-    def _to_tokens(self, req: RoutingRequest, g: int, h: int, s: int, resume: float = inf) -> PrefixMatch:
+    @staticmethod
+    def _to_tokens(req: RoutingRequest, g: int, h: int, s: int, resume: float = inf) -> PrefixMatch:
         if not g and not h and not s:
             return NO_MATCH
         bt = req.block_tokens
@@ -291,68 +230,24 @@ class CacheModel:
             storage = min(storage, resume - gpu - host)
         if 0 < host < LOAD_BACK_MIN_TOKENS:
             host, storage = 0.0, 0.0
-        if storage < PREFETCH_MIN_TOKENS:
+        if storage and storage < PREFETCH_MIN_TOKENS:
             storage = 0.0
-        limit = max(0.0, req.prompt_tokens - 1.0)
-        gpu = min(gpu, limit)
-        host = min(host, limit - gpu)
-        storage = min(storage, limit - gpu - host)
+        limit = req.prompt_tokens - 1.0
+        if gpu + host + storage > limit:  # the engine always computes at least one token
+            limit = max(0.0, limit)
+            gpu = min(gpu, limit)
+            host = min(host, limit - gpu)
+            storage = min(storage, limit - gpu - host)
         return PrefixMatch(gpu, host, storage)
 
-    def _track_block_tokens(self, block_tokens: float) -> None:
-        """Capacities in blocks follow the tokens-per-block estimate when it moves by over 10%."""
-        if block_tokens > 0 and abs(block_tokens - self._block_tokens) > 0.1 * self._block_tokens:
-            self._block_tokens = block_tokens
-            self._resize()
 
-    def _rollback(self, p: _Pending) -> None:
-        """Undoes the optimistic insert of a request that never ran: its new blocks leave the tiers."""
-        self._release(p)
-        r = self._replicas.get(p.replica)
-        hashes = p.request.block_hashes
-        if r is None:
-            return
-        r.tiers.discard(hashes[p.new_from :])
-        if p.new_end:
-            r.ends.discard(hashes[-1])
-
-    def _release(self, p: _Pending) -> None:
-        provisional = self._provisional.get(p.replica)
-        if provisional is None:
-            return
-        provisional.remove(p.request.block_hashes[p.new_from :])
-
-    def _learn_engine_ratio(self, estimated: int, reported: int | None) -> None:
-        if reported and reported >= 16 and estimated > 0:
-            self._engine_ratio = robust_update(self._engine_ratio, reported / estimated, 1.0)
-
-    def _account(self, p: _Pending, actual: float, prompt: float, ratio: float) -> None:
-        """Accuracy in the engine's tokens: the prediction converted with the learned ratio."""
-        predicted = (p.gpu + p.host) * ratio
-        a = self._accuracy.setdefault(p.replica, _Accuracy())
-        a.requests += 1
-        a.abs_error += abs(predicted - actual)
-        a.prompt += prompt
-        a.predicted += predicted
-        a.actual += actual
-
-    def _learn(self, r: _Replica, p: _Pending, actual: float, tolerance: float) -> bool:
-        """Moves the effective-capacity factors; True when they changed."""
-        predicted = p.gpu + p.host
-        if actual + tolerance < min(predicted, p.confirmed):
-            if actual + tolerance < p.gpu:
-                missing = (p.gpu - actual) / p.gpu
-                r.gpu_factor = max(MIN_FACTOR, r.gpu_factor * (1.0 - GAIN * missing))
-            elif p.host > 0:
-                missing = min(1.0, (predicted - actual) / p.host)
-                r.host_factor = max(MIN_FACTOR, r.host_factor * (1.0 - GAIN * missing))
-            return True
-        if actual > predicted + tolerance and (r.gpu_factor < 1.0 or r.host_factor < 1.0):
-            r.gpu_factor = min(1.0, r.gpu_factor + GAIN * (1.0 - r.gpu_factor))
-            r.host_factor = min(1.0, r.host_factor + GAIN * (1.0 - r.host_factor))
-            return True
-        return False
-
-
-def _sizing(state: ReplicaState) -> tuple[object, ...]:
-    return (state.gpu_tokens, state.host_tokens, state.storage_tokens, state.write_policy, state.hybrid)
+def _same_shape(a: ReplicaState, b: ReplicaState) -> bool:
+    """Same tier sizes and policy (else the tiers are resized); checked on every snapshot, so field by
+    field and short-circuiting rather than by building tuples."""
+    return (
+        a.gpu_tokens == b.gpu_tokens
+        and a.host_tokens == b.host_tokens
+        and a.storage_tokens == b.storage_tokens
+        and a.write_policy == b.write_policy
+        and a.hybrid == b.hybrid
+    )

@@ -14,13 +14,12 @@ template turns into prompt tokens, in the order the template emits them:
 
 Each message is closed by a record separator and nothing follows the last one (no generation prompt),
 so a conversation that grows by one turn renders to a string that *starts with* the previous rendering
-and keeps every earlier block hash (``routing.hashing``). The rendering depends only on parsed values,
-never on the JSON key order or whitespace of the body.
+and keeps every earlier block hash (``routing.hashing``).
 
-``/v1/completions``: ``prompt`` as a string; for a list of prompts (a batch) the **first** prompt is used,
-because the batch's requests share one replica and the first prompt's prefix is the one we can predict;
-token-id prompts render as their ids (``<ids>1,2,3``). ``/generate``: ``text`` or ``input_ids`` the same
-way. The text exists only in memory on the request path; it is hashed, never logged or stored.
+Text prompts render as themselves; token-id prompts as their ids (``<ids>1,2,3,``). The input is the
+typed ``routing.prompt.Prompt`` the proxy parsed once (a batch is represented by its first prompt), never
+a request body: the rendering depends only on parsed values, not on the JSON key order or whitespace of
+the body. The text exists only in memory on the request path; it is hashed, never logged or stored.
 """
 
 from __future__ import annotations
@@ -32,7 +31,9 @@ from typing import Any
 import orjson
 import xxhash
 
-HEADER_FIELDS = (
+from routing.prompt import ChatPrompt, Message, Namespace, Prompt, TextPrompt, TokenPrompt
+
+TEMPLATE_OPTIONS = (
     "add_generation_prompt",
     "chat_template_kwargs",
     "continue_final_message",
@@ -42,8 +43,6 @@ HEADER_FIELDS = (
 
 _MSG_START = "\x1e"  # record separator opens a message
 _MSG_END = "\x1f\n"  # unit separator + newline closes it
-_CHAT_PATHS = ("/v1/chat/completions",)
-_TEXT_PATHS = ("/v1/completions",)
 
 
 def canonical_json(value: Any) -> str:
@@ -54,61 +53,48 @@ def canonical_json(value: Any) -> str:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def canonical_prompt(path: str, body: Mapping[str, Any]) -> str:
-    """The canonical rendering of a request body for ``path`` (see the module docstring)."""
-    if path.endswith(_CHAT_PATHS):
-        return _chat(body)
-    if path.endswith(_TEXT_PATHS):
-        return _prompt_value(body.get("prompt"))
-    if path.endswith("/generate"):
-        text = body.get("text")
-        return _prompt_value(text if text is not None else body.get("input_ids"))
+def render(prompt: Prompt | None) -> str:
+    """The canonical rendering of a prompt (see the module docstring); "" for no prompt."""
+    if isinstance(prompt, ChatPrompt):
+        return _chat(prompt)
+    if isinstance(prompt, TextPrompt):
+        return prompt.text
+    if isinstance(prompt, TokenPrompt):
+        return "<ids>" + ",".join(map(str, prompt.ids)) + "," if prompt.ids else ""
     return ""
 
 
-def tenant_salt(body: Mapping[str, Any], tenant: str | None) -> str:
+def namespace_salt(ns: Namespace) -> str:
     """The cache namespace of a request: SGLang's ``extra_key_effective`` (``cache_salt + extra_key``,
     contract §8), the LoRA adapter (its own cache namespace), and the gateway tenant when there is one."""
-    parts = [_str(body.get("cache_salt")) + _str(body.get("extra_key"))]
-    lora = body.get("lora_path")
-    if isinstance(lora, str) and lora:
-        parts.append("lora=" + lora)
-    if tenant:
-        parts.append("tenant=" + tenant)
+    parts = [ns.cache_salt + ns.extra_key]
+    if ns.lora:
+        parts.append("lora=" + ns.lora)
+    if ns.tenant:
+        parts.append("tenant=" + ns.tenant)
     return "\x00".join(parts) if len(parts) > 1 else parts[0]
 
 
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _chat(body: Mapping[str, Any]) -> str:
+def _chat(prompt: ChatPrompt) -> str:
     out: list[str] = []
-    header = {k: body[k] for k in HEADER_FIELDS if body.get(k) is not None}
-    if header:
-        out.append("<header>" + canonical_json(header) + _MSG_END)
-    tools = body.get("tools")
-    if tools:
-        out.append("<tools>" + canonical_json(tools) + _MSG_END)
-    messages = body.get("messages")
-    if isinstance(messages, Sequence) and not isinstance(messages, str):
-        out.extend(_message(m) for m in messages if isinstance(m, Mapping))
+    if prompt.options:
+        out.append("<header>" + canonical_json(dict(prompt.options)) + _MSG_END)
+    if prompt.tools:
+        out.append("<tools>" + canonical_json(prompt.tools) + _MSG_END)
+    out.extend(_message(m) for m in prompt.messages)
     return "".join(out)
 
 
-def _message(msg: Mapping[str, Any]) -> str:
-    out = [_MSG_START, _str(msg.get("role")) or "user"]
-    name = msg.get("name")
-    if isinstance(name, str) and name:
-        out.append(" name=" + name)
+def _message(msg: Message) -> str:
+    out = [_MSG_START, msg.role or "user"]
+    if msg.name:
+        out.append(" name=" + msg.name)
     out.append("\n")
-    out.append(_content(msg.get("content")))
-    tool_calls = msg.get("tool_calls")
-    if tool_calls:
-        out.append("<tool_calls>" + canonical_json(tool_calls))
-    call_id = msg.get("tool_call_id")
-    if isinstance(call_id, str) and call_id:
-        out.append("<tool_call_id>" + call_id)
+    out.append(_content(msg.content))
+    if msg.tool_calls:
+        out.append("<tool_calls>" + canonical_json(msg.tool_calls))
+    if msg.tool_call_id:
+        out.append("<tool_call_id>" + msg.tool_call_id)
     out.append(_MSG_END)
     return "".join(out)
 
@@ -128,21 +114,10 @@ def _part(part: Any) -> str:
         return part
     if not isinstance(part, Mapping):
         return canonical_json(part)
-    kind = _str(part.get("type")) or "text"
+    kind = part.get("type")
+    kind = kind if isinstance(kind, str) and kind else "text"
     if kind == "text":
-        return _str(part.get("text"))
+        text = part.get("text")
+        return text if isinstance(text, str) else ""
     payload = canonical_json({k: v for k, v in part.items() if k != "type"})
     return f"<{kind}:{xxhash.xxh3_64_hexdigest(payload.encode())}>"
-
-
-def _prompt_value(prompt: Any) -> str:
-    if prompt is None:
-        return ""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Sequence) and prompt:
-        first = prompt[0]
-        if isinstance(first, int) and not isinstance(first, bool):
-            return "<ids>" + ",".join(str(t) for t in prompt) + ","
-        return _prompt_value(first)
-    return ""

@@ -8,7 +8,7 @@ Algorithm (one pass, no tokenizer):
 2. Cut it into full blocks of ``block_chars`` bytes. A trailing partial block is not hashed: it cannot
    be shared with a longer prompt anyway, and the engine only caches whole pages.
 3. Seed the chain with the namespace: ``h0 = xxh3_64(model ‖ 0x00 ‖ salt)`` (salt = cache_salt +
-   extra_key + tenant, ``canonical.tenant_salt``), so models and tenants never share a block.
+   extra_key + tenant, ``canonical.namespace_salt``), so models and tenants never share a block.
 4. ``h_i = xxh3_64(block_i, seed=h_{i-1})``. Block i's hash therefore names the *whole prefix* up to and
    including block i: two prompts share their first k hashes exactly when they share their first k
    blocks (up to 64-bit collisions), and a conversation that grows keeps all earlier hashes.
@@ -35,14 +35,9 @@ Compared with the alternatives:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import xxhash
 
-from routing.canonical import canonical_prompt, tenant_salt
-from routing.config import RoutingConfig
-from routing.types import BlockHash, RoutingRequest
+from routing.types import BlockHash
 
 _xxh3 = xxhash.xxh3_64_intdigest
 
@@ -52,12 +47,14 @@ def chain_seed(model: str, salt: str) -> int:
     return int(_xxh3(model.encode() + b"\x00" + salt.encode()))
 
 
-def block_hashes(model: str, canonical: str, salt: str, block_chars: int, max_blocks: int) -> tuple[int, ...]:
-    """Chained xxh3-64 hashes of the full ``block_chars``-byte blocks of ``canonical`` (at most
-    ``max_blocks``); see the module docstring."""
+def block_hashes(
+    model: str, canonical: str | bytes, salt: str, block_chars: int, max_blocks: int
+) -> tuple[BlockHash, ...]:
+    """Chained xxh3-64 hashes of the full ``block_chars``-byte blocks of ``canonical`` (a string, or its
+    UTF-8 bytes; at most ``max_blocks``); see the module docstring."""
     if block_chars <= 0:
         raise ValueError("block_chars must be positive")
-    data = canonical.encode()
+    data = canonical.encode() if isinstance(canonical, str) else canonical
     end = min(len(data) // block_chars, max(0, max_blocks)) * block_chars
     h = chain_seed(model, salt)
     out: list[int] = []
@@ -66,49 +63,3 @@ def block_hashes(model: str, canonical: str, salt: str, block_chars: int, max_bl
         h = _xxh3(data[start : start + block_chars], h)
         append(h)
     return tuple(out)
-
-
-def build_request(
-    path: str,
-    body: Mapping[str, Any],
-    cfg: RoutingConfig,
-    *,
-    chars_per_token: float | None = None,
-    session_key: str | None = None,
-    tenant: str | None = None,
-) -> tuple[RoutingRequest, int]:
-    """The RoutingRequest of one parsed body, and its canonical length in bytes.
-
-    ``chars_per_token`` is the current (learned) estimate, ``cfg.chars_per_token`` when None. The model
-    string includes a LoRA suffix (``base:adapter``) when the client gave one, as SGLang keys it.
-    """
-    cpt = chars_per_token if chars_per_token and chars_per_token > 0 else cfg.chars_per_token
-    model = body.get("model")
-    model_name = model if isinstance(model, str) else ""
-    salt = tenant_salt(body, tenant)
-    canonical = canonical_prompt(path, body)
-    size = len(canonical) if canonical.isascii() else len(canonical.encode())
-    hashes: tuple[BlockHash, ...] = block_hashes(model_name, canonical, salt, cfg.block_chars, cfg.max_blocks)
-    req = RoutingRequest(
-        model=model_name,
-        block_hashes=hashes,
-        prompt_tokens=max(1, round(size / cpt)),
-        block_tokens=cfg.block_chars / cpt,
-        session_key=session_key,
-        tenant=salt,
-        max_new_tokens=_max_new_tokens(body),
-    )
-    return req, size
-
-
-def _max_new_tokens(body: Mapping[str, Any]) -> int:
-    for key in ("max_completion_tokens", "max_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    params = body.get("sampling_params")
-    if isinstance(params, Mapping):
-        value = params.get("max_new_tokens")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0

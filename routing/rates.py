@@ -1,9 +1,10 @@
 """Online learning of the rates behind predicted TTFT, per replica, from request outcomes.
 
 The cost policy predicts ``ttft = overhead + queue + uncached / prefill_rate + reloaded / host_rate``.
-Each outcome gives one equation with the observed ``ttft_s``; the policy's own decision breakdown gives
-the queue it assumed and the GPU / host tokens it expected, and the reported ``cached_tokens`` gives
-the actual uncached count ``u = prompt_tokens - cached``. The reloaded part is the cached tokens beyond
+Each finished request gives one equation with the observed ``ttft_s``; its ``Prediction`` (made for the
+replica that served it, also after a retry) gives the queue that was assumed and the GPU / host tokens
+that were expected, and the reported ``cached_tokens`` gives the actual uncached count
+``u = prompt_tokens - cached``. The reloaded part is the cached tokens beyond
 the predicted GPU run, ``r = clamp(cached - gpu_pred, 0, host_pred + storage_pred)``. Then:
 
 - work = ttft - overhead - queue; if the prefill term dominates (u / prefill >= r / host) the sample is
@@ -16,9 +17,7 @@ the predicted GPU run, ``r = clamp(cached - gpu_pred, 0, host_pred + storage_pre
 
 Each replica's estimates are shrunk toward the fleet's pooled ones until it has served enough requests
 (``RateBook``). The mean service time (for the slot-wait term) is an EWMA of ttft + expected decode
-time. Characters per token is learned separately (``CharsPerToken``) from ``usage.prompt_tokens``
-against the canonical length; it belongs to the model's tokenizer rather than to a replica, so the
-proxy owns one, feeds it every outcome and builds requests with its current value.
+time. Tokens per byte are learned elsewhere, once (``routing.tokens``).
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from routing.config import RoutingConfig
-from routing.pipeline import Outcome
-from routing.types import ReplicaId
+from routing.types import Prediction, ReplicaId, Report, RoutingRequest
 
 ALPHA = 0.2
 MIN_SAMPLE_TOKENS = 256
@@ -47,10 +45,10 @@ class ReplicaRates:
     samples: int = 0
 
 
-def robust_update(value: float, sample: float, start: float) -> float:
+def robust_update(value: float, sample: float, start: float, alpha: float = ALPHA) -> float:
     """One robust EWMA step (see the module docstring)."""
     clipped = min(max(sample, 0.5 * value), 2.0 * value)
-    updated = value + ALPHA * (clipped - value)
+    updated = value + alpha * (clipped - value)
     return min(max(updated, LOW * start), HIGH * start)
 
 
@@ -121,39 +119,41 @@ class RateBook:
         self._own.pop(replica, None)
         self._views.pop(replica, None)
 
-    def observe(self, outcome: Outcome) -> None:
+    def observe(self, req: RoutingRequest, pred: Prediction, report: Report) -> None:
         """Learns from one finished request (no-op without TTFT or a successful answer)."""
-        if not outcome.ok or outcome.ttft_s is None or outcome.ttft_s <= 0:
+        if not report.ok or report.ttft_s is None or report.ttft_s <= 0:
             return
-        own = self._own.get(outcome.decision.replica)
+        own = self._own.get(pred.replica)
         if own is None:
-            own = self._own[outcome.decision.replica] = self._start()
+            own = self._own[pred.replica] = self._start()
         for rates in (own, self._fleet):
-            self._learn_service(rates, outcome)
-            self._learn_rates(rates, outcome)
+            self._learn_service(rates, req, report.ttft_s)
+            self._learn_rates(rates, req, pred, report)
         self._views.clear()
 
-    def _learn_service(self, rates: ReplicaRates, outcome: Outcome) -> None:
+    def _learn_service(self, rates: ReplicaRates, req: RoutingRequest, ttft_s: float) -> None:
         cfg = self._cfg
-        new_tokens = outcome.request.max_new_tokens or cfg.default_new_tokens
-        sample = (outcome.ttft_s or 0.0) + new_tokens * cfg.decode_s_per_token
+        new_tokens = req.max_new_tokens or cfg.default_new_tokens
+        sample = ttft_s + new_tokens * cfg.decode_s_per_token
         start = cfg.overhead_s + cfg.default_new_tokens * cfg.decode_s_per_token
         rates.service_s = robust_update(rates.service_s, sample, start)
 
-    def _learn_rates(self, rates: ReplicaRates, outcome: Outcome) -> None:
-        cfg, b = self._cfg, outcome.decision.breakdown
-        prompt = float(outcome.prompt_tokens or outcome.request.prompt_tokens)
-        gpu_pred = b.get("gpu_tokens", 0.0)
-        reload_pred = b.get("host_tokens", 0.0) + b.get("storage_tokens", 0.0)
-        cached = float(outcome.cached_tokens) if outcome.cached_tokens is not None else gpu_pred + reload_pred
+    def _learn_rates(
+        self, rates: ReplicaRates, req: RoutingRequest, pred: Prediction, report: Report
+    ) -> None:
+        cfg, m, ttft = self._cfg, pred.match, report.ttft_s or 0.0
+        queue_s = pred.terms.queue_s
+        prompt = float(report.prompt_tokens or req.prompt_tokens)
+        reload_pred = m.host_tokens + m.storage_tokens
+        cached = float(report.cached_tokens) if report.cached_tokens is not None else m.total_tokens
         uncached = max(0.0, prompt - cached)
-        reloaded = min(max(cached - gpu_pred, 0.0), reload_pred)
-        work = (outcome.ttft_s or 0.0) - rates.overhead_s - b.get("queue_s", 0.0)
+        reloaded = min(max(cached - m.gpu_tokens, 0.0), reload_pred)
+        work = ttft - rates.overhead_s - queue_s
         prefill_s = uncached / rates.prefill_tokens_per_s
         reload_s = reloaded / rates.host_tokens_per_s
         rates.samples += 1
         if uncached < MIN_SAMPLE_TOKENS and reloaded < MIN_SAMPLE_TOKENS:
-            sample = (outcome.ttft_s or 0.0) - b.get("queue_s", 0.0) - prefill_s - reload_s
+            sample = ttft - queue_s - prefill_s - reload_s
             start = max(cfg.overhead_s, 0.01)
             rates.overhead_s = robust_update(rates.overhead_s, max(sample, 0.0), start)
         elif prefill_s >= reload_s and work - reload_s > 0:
@@ -166,24 +166,3 @@ class RateBook:
             rates.host_tokens_per_s = robust_update(
                 rates.host_tokens_per_s, sample, cfg.host_load_tokens_per_s
             )
-
-
-class CharsPerToken:
-    """Learned bytes of canonical prompt per engine token (robust EWMA of reported prompt tokens)."""
-
-    def __init__(self, start: float) -> None:
-        self._start = start
-        self.value = start
-
-    def observe(self, canonical_bytes: int, prompt_tokens: int | None) -> None:
-        """One request's canonical length against the ``usage.prompt_tokens`` its replica reported."""
-        if not prompt_tokens or prompt_tokens < 16 or canonical_bytes <= 0:
-            return
-        self.value = robust_update(self.value, canonical_bytes / prompt_tokens, self._start)
-
-    def observe_outcome(self, outcome: Outcome, block_chars: int) -> None:
-        """The same from an Outcome: the canonical length is recovered from the request's estimate
-        (``prompt_tokens x block_chars / block_tokens``, exact up to rounding)."""
-        req = outcome.request
-        if outcome.ok and req.block_tokens > 0:
-            self.observe(round(req.prompt_tokens * block_chars / req.block_tokens), outcome.prompt_tokens)

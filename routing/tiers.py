@@ -4,33 +4,48 @@ This mirrors SGLang's HiRadixCache (contract §3.1) at block granularity:
 
 - a request's blocks enter the GPU tier; a GPU hit touches them, a host hit is *promoted* (loaded back
   to GPU, the host copy stays), a storage hit is prefetched through host into GPU;
-- ``write_through``: every new block gets its host copy at insert; ``write_through_selective`` too, in
-  effect: SGLang backs a node up on its second hit, and one served request already counts two (the insert
-  after prefill, ``cache_unfinished_req``, and the one at finish); ``write_back``: only when the GPU
-  evicts it;
+- ``write_through``: every block of a served request has its host copy after the insert (new blocks are
+  backed up at once, matched ones that lack a copy too: SGLang's ``_inc_hit_count`` backs a node up at its
+  first hit); ``write_through_selective`` the same in effect: SGLang backs a node up on its second hit, and
+  one served request already counts two (the insert after prefill, ``cache_unfinished_req``, and the one at
+  finish); ``write_back``: a block gets a copy only when the GPU evicts it;
 - GPU eviction: a block with a host copy becomes host-only; under ``write_back`` one without is demoted
   to host; otherwise (HiCache off, or write-through without a copy) it is dropped;
-- host eviction drops the host copy (least recently used first); the storage tier receives every block
-  that gets a host copy (SGLang backs up to L3 when the host write is acknowledged) and evicts LRU.
+- host eviction drops the least recently used host-only blocks. The host copy of a block that is still on
+  GPU is not evictable, as in SGLang, whose ``evict_host`` takes only host nodes whose GPU copy is gone
+  (when the host holds nothing but such copies it may stay over its capacity until some leave the GPU);
+- the storage tier receives every block that gets a host copy (SGLang backs up to L3 when the host write
+  is acknowledged) and evicts LRU.
 
-Blocks of a request are touched **deepest first**, so the first block is the most recent: the LRU then
-evicts the tails of old sequences before their shared roots, like a radix tree evicting leaves. A match
-is contiguous from the first block: the GPU run, then the host run, then the storage run.
+**Recency rules, and the invariant they keep.** Every touch of a request's blocks in a tier goes
+deepest first, so an ancestor is always touched after its descendants: the first block is the most recent.
+A GPU eviction touches, in host, every block it moves to or leaves in host, oldest victim first, so a
+host-only block is never older than the time it left the GPU, and the GPU evicts descendants first; host
+eviction skips the (pinned) copies of blocks still on GPU. Because blocks are chained (a block's hash
+names its whole prefix), this keeps two sets *prefix-closed* along every chain: the GPU tier, and
+GPU ∪ host (a block present implies its ancestors present): neither ever loses an ancestor before its
+descendants. Closure makes "is block i in the tier" monotone along a request's
+chain, so the GPU run and the host run that follows it are found by **bisection**, O(log n) lookups per
+replica instead of a walk over every matched block (a 128K-token prompt is 2048 blocks: ~12 lookups
+instead of 2048). The storage tier keeps no such order (an L3 backend can lose a page in the middle of a
+prefix), so its run is walked.
 
 Data structure and trade-off. Each tier is a plain ``dict[int, None]`` used as an ordered set: insertion
-order is recency (touch = pop + re-insert), membership is one C-level lookup, and a leading run is found
-with ``map(dict.__contains__, chunk)`` in galloping chunks (~25 ns per block). A dict entry costs ~35-70
-bytes plus the 32-byte int key, about 80 bytes per block in practice (10M blocks ≈ 0.8 GB, see
-``bench/micro_routing.py``). An ``OrderedDict`` would make single evictions O(1) but doubles the memory;
-an array-backed open-addressing table in ``array('Q')`` would halve it but costs a Python-level probe per
-lookup (~10x slower matching). Evicting the oldest entries of a dict scans deleted slots at its front, so
-eviction is **batched**: when a tier exceeds its capacity it evicts down to ``capacity - capacity // 64``,
-which keeps that scan amortized to O(1) per block while holding the tier within 1.6% of its capacity.
+order is recency (touch = pop + re-insert), membership is one C-level lookup. A dict entry costs ~35-70
+bytes plus the 32-byte int key, about 80-100 bytes per block in practice (10M blocks ≈ 0.95 GB, see
+``bench/micro_routing.py``); a fleet-wide block → holders index would find every replica's run in one walk
+but costs another dict entry per block (measured +37 B/block, over the 1 GB budget), which bisection makes
+unnecessary. An ``OrderedDict`` would make single evictions O(1) but doubles the memory. Evicting the
+oldest entries of a dict scans deleted slots at its front, so eviction is **batched**: when a tier exceeds
+its capacity it evicts down to ``capacity - capacity // 64``, which keeps that scan amortized to O(1) per
+block while holding the tier within 1.6% of its capacity.
 """
 
 from __future__ import annotations
 
+import operator
 import sys
+from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress, filterfalse, islice, repeat
 
@@ -68,6 +83,7 @@ def tier_warnings(state: ReplicaState) -> tuple[str, ...]:
 
 
 _COPY_AT_INSERT = ("write_through", "write_through_selective")  # see the module docstring
+_SCAN_FACTOR = 4  # host eviction looks at most this many entries per victim wanted (skipping GPU copies)
 
 
 class BlockLru:
@@ -113,20 +129,47 @@ class BlockLru:
     def clear(self) -> None:
         self._blocks = {}
 
-    def overflow(self) -> list[BlockHash]:
-        """Evicts least recently used blocks when over capacity; returns them, oldest first."""
+    def overflow(self, pinned: BlockLru | None = None) -> list[BlockHash]:
+        """Evicts least recently used blocks when over capacity; returns them, oldest first.
+
+        Blocks in ``pinned`` are not evictable (host copies of blocks still on GPU): they are skipped and
+        moved to the most recent end, so a later eviction does not scan them again; at most
+        ``_SCAN_FACTOR`` entries per wanted victim are looked at, which bounds the work when most of the
+        tier is pinned (it then stays over capacity until pinned blocks leave the GPU)."""
         excess = len(self._blocks) - self.capacity
         if excess <= 0:
             return []
-        victims = list(islice(self._blocks, excess + self.capacity // EVICT_BATCH_DIVISOR))
+        want = excess + self.capacity // EVICT_BATCH_DIVISOR
         blocks = self._blocks
+        if pinned is None:
+            victims = list(islice(blocks, want))
+        else:
+            window = list(islice(blocks, want * _SCAN_FACTOR + 64))
+            flags = list(map(pinned.__contains__, window))
+            victims = list(islice(compress(window, map(operator.not_, flags)), want))
+            last = window.index(victims[-1]) + 1 if victims else len(window)
+            self.touch_all(list(compress(window[:last], flags[:last])))
         list(map(blocks.__delitem__, victims))
         if sys.getsizeof(blocks) > COMPACT_BYTES_PER_BLOCK * len(blocks) + 4096:
             self._blocks = dict.fromkeys(blocks)  # same order, table sized for the live blocks
         return victims
 
-    def run(self, hashes: Sequence[BlockHash], start: int) -> int:
-        """How many of ``hashes[start:]`` are present, contiguously from ``start``."""
+    def run(self, reverse: Sequence[BlockHash], start: int) -> int:
+        """How many blocks of the request are present, contiguously from block ``start``; ``reverse`` is
+        the request's hashes in reverse order. Bisection (C-level ``bisect`` with the dict's own
+        ``__contains__`` as key, ~log2(n) lookups): valid because presence is monotone along a chain,
+        the closure invariant of the module docstring. In reverse order presence reads absent...absent,
+        present...present, an ascending sequence, so the first present one marks where the run ends."""
+        end = len(reverse) - start  # reverse[:end] are blocks start..n-1, deepest first
+        blocks = self._blocks
+        if end <= 0 or reverse[end - 1] not in blocks:  # block ``start`` itself is absent
+            return 0
+        if reverse[0] in blocks:  # the deepest block is present: the whole rest is
+            return end
+        return end - bisect_left(reverse, True, 0, end - 1, key=blocks.__contains__)
+
+    def walk(self, hashes: Sequence[BlockHash], start: int) -> int:
+        """The same run without assuming monotone presence: galloping C-level membership scans."""
         n = len(hashes)
         contains = self._blocks.__contains__
         if start >= n or not contains(hashes[start]):
@@ -165,11 +208,18 @@ class ReplicaTiers:
     def blocks(self) -> int:
         return len(self.gpu) + len(self.host) + len(self.storage)
 
-    def runs(self, hashes: Sequence[BlockHash]) -> tuple[int, int, int]:
-        """Leading blocks found on GPU, then only in host, then only in storage."""
-        g = self.gpu.run(hashes, 0)
-        h = self.host.run(hashes, g) if self.host.capacity > 0 else 0
-        s = self.storage.run(hashes, g + h) if self.storage.capacity > 0 else 0
+    def runs(self, hashes: Sequence[BlockHash], reverse: Sequence[BlockHash] = ()) -> tuple[int, int, int]:
+        """Leading blocks found on GPU, then only in host, then only in storage (``reverse``: the hashes
+        reversed, when the caller already has them). A request whose first block is in no tier matches
+        nothing, which is settled with three lookups (most replicas for most requests)."""
+        first = hashes[0] if hashes else None
+        gpu, host, storage = self.gpu, self.host, self.storage
+        if first is None or not (first in gpu._blocks or first in host._blocks or first in storage._blocks):
+            return 0, 0, 0
+        reverse = reverse or hashes[::-1]
+        g = gpu.run(reverse, 0)
+        h = host.run(reverse, g) if host.capacity > 0 else 0
+        s = storage.walk(hashes, g + h) if storage.capacity > 0 else 0
         return g, h, s
 
     def insert(self, hashes: Sequence[BlockHash]) -> tuple[int, int, int]:
@@ -180,30 +230,34 @@ class ReplicaTiers:
         """
         g, h, s = self.runs(hashes)
         m = g + h + s
-        host_on = self.host.capacity > 0
-        new = hashes[m:][::-1] if self.policy in _COPY_AT_INSERT and host_on else ()
-        from_storage = hashes[g + h : m][::-1]
-        from_host = hashes[g : h + g][::-1]
-        second_hit: Sequence[BlockHash] = ()
-        if self.policy == "write_through_selective" and host_on:
-            second_hit = list(filterfalse(self.host.__contains__, hashes[:g][::-1]))
-        if host_on:
-            self.host.touch_all((*new, *from_storage, *from_host, *second_hit))
-        if self.storage.capacity > 0:
-            self.storage.touch_all((*new, *from_storage, *second_hit) if host_on else from_storage)
+        host, storage = self.host, self.storage
+        if host.capacity > 0:
+            hosted = self._hosted(hashes, g, m)
+            if storage.capacity > 0:
+                storage.touch_all(list(filterfalse(host.__contains__, hosted))[::-1])
+            host.touch_all(hosted[::-1])
+        elif storage.capacity > 0:
+            storage.touch_all(hashes[g + h : m][::-1])
         self.gpu.touch_all(hashes[::-1])
         self.settle()
         return g, h, s
 
+    def _hosted(self, hashes: Sequence[BlockHash], g: int, m: int) -> Sequence[BlockHash]:
+        """The request's blocks touched in host: all of them under the write-through policies (each has
+        its copy after the insert); under write_back what it loaded through host (the copies of blocks
+        still on GPU are pinned and get their place when they leave the GPU)."""
+        return hashes if self.policy in _COPY_AT_INSERT else hashes[g:m]
+
     def settle(self) -> None:
         """Applies capacities: GPU overflow demotes or drops, then host and storage overflow drop."""
         victims = self.gpu.overflow()
-        if victims and self.policy == "write_back" and self.host.capacity > 0:
-            demoted = list(filterfalse(self.host.__contains__, victims))
-            self.host.touch_all(demoted)
+        host = self.host
+        if victims and self.policy is not None and host.capacity > 0:
+            kept = victims if self.policy == "write_back" else list(filter(host.__contains__, victims))
             if self.storage.capacity > 0:
-                self.storage.touch_all(demoted)
-        self.host.overflow()
+                self.storage.touch_all(list(filterfalse(host.__contains__, kept)))
+            host.touch_all(kept)
+        host.overflow(pinned=self.gpu)
         self.storage.overflow()
 
     def discard(self, blocks: Sequence[BlockHash]) -> None:
@@ -215,36 +269,3 @@ class ReplicaTiers:
         """The replica restarted: GPU and host are gone, storage (L3) survives."""
         self.gpu.clear()
         self.host.clear()
-
-
-class CountedBlocks:
-    """A multiset of block hashes (blocks added by requests still in flight), updated in bulk."""
-
-    __slots__ = ("_counts",)
-
-    def __init__(self) -> None:
-        self._counts: dict[BlockHash, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def __contains__(self, block: BlockHash) -> bool:
-        return block in self._counts
-
-    def first_of(self, blocks: Sequence[BlockHash]) -> int:
-        """Index of the first of ``blocks`` in the multiset, ``len(blocks)`` when none is."""
-        if not self._counts:
-            return len(blocks)
-        flags = list(map(self._counts.__contains__, blocks))
-        return flags.index(True) if True in flags else len(blocks)
-
-    def add(self, blocks: Sequence[BlockHash]) -> None:
-        counts = self._counts
-        again = [(b, counts[b] + 1) for b in filter(counts.__contains__, blocks)]
-        counts.update(dict.fromkeys(blocks, 1))
-        counts.update(again)
-
-    def remove(self, blocks: Sequence[BlockHash]) -> None:
-        counts = self._counts
-        old = list(map(counts.pop, blocks, repeat(0)))
-        counts.update((b, c - 1) for b, c in compress(zip(blocks, old, strict=True), map((1).__lt__, old)))

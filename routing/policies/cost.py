@@ -1,151 +1,164 @@
 """The default policy ("cost"): send each request where its predicted time to first token is lowest.
 
-Steps of ``route`` (produce, score, pick, then two guards; each exit names a Reason):
+The composition (``routing.protocols``), each exit naming a Reason:
 
 1. Filter: healthy, not draining replicas (``HealthyFilter``).
-2. Score: predicted TTFT = queue + prefill of the uncached tokens + host/storage reload + overhead,
-   one scorer per term (``routing.scorers``), with per-replica rates learned online
-   (``routing.rates``). A shared prefix that is cached everywhere costs the same everywhere, so it
-   does not attract traffic; a long document cached on one replica makes that replica cheaper by its
-   whole prefill time; a document evicted to host memory is a cheap reload there and a cold prefill
-   elsewhere.
-3. Pick: lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie and go to the
-   fewest prefill tokens in flight, then to the least recently chosen, then to a seeded draw
-   (``LoadTiePicker``), so misses spread evenly over idle replicas.
-4. Session affinity: a session returns to the replica of its previous turn unless that replica's
-   predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it changed the
-   pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the fewest sessions
-   any replica holds + 1 (Reason FALLBACK when that moved it), so a shared system prompt does not
+2. Score: predicted TTFT = queue + prefill of the uncached tokens + host/storage reload + overhead
+   (``routing.ttft.TtftScorer``), with per-replica rates learned online (``routing.rates``). A shared
+   prefix that is cached everywhere costs the same everywhere, so it does not attract traffic; a long
+   document cached on one replica makes that replica cheaper by its whole prefill time; a document
+   evicted to host memory is a cheap reload there and a cold prefill elsewhere.
+3. Pick (``LoadTiePicker``): lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie
+   and go to the fewest prefill tokens in flight, then to the least recently chosen, then to a seeded
+   draw, so misses spread evenly over idle replicas.
+4. Session affinity (``SessionPicker``): a session returns to the replica of its previous turn unless
+   that replica's predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it
+   changed the pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the fewest
+   sessions any replica holds + 1 (Reason FALLBACK when that moved it), so a shared system prompt does not
    gather every session on its first holders and no replica is left without sessions.
-5. Hot-spot guard: if the chosen replica would hold more than ``hot_spill_factor`` x the fleet's mean
-   in-flight requests (and at least ``hot_min_inflight``), the best replica below that bound takes the
-   request instead (Reason FALLBACK). One cold prefill there replicates a hot prefix, after which the
-   tie-break spreads its requests, keeping per-replica request counts near the mean.
+5. Hot-spot guard (``HotSpotGuard``): if the chosen replica would hold more than ``hot_spill_factor`` x
+   the fleet's mean in-flight requests (and at least ``hot_min_inflight``), the best replica below that
+   bound takes the request instead (Reason FALLBACK).
 
-Reasons: PREFIX_GPU / PREFIX_HOST / PREFIX_STORAGE when the chosen replica's match is at least one
-block and mostly in that tier, LEAST_COST otherwise, FALLBACK when a tie was broken away from a replica
-holding a longer prefix (or the hot-spot guard moved the request), SESSION when affinity held.
-``observe`` feeds the rate learner. Cost: O(replicas) per request.
+Reasons otherwise (``explain``): PREFIX_GPU / PREFIX_HOST / PREFIX_STORAGE when the chosen replica's
+match is at least one block and mostly in that tier, LEAST_COST when it has none, FALLBACK when a tie was
+broken away from a replica holding a longer prefix. Cost: O(replicas) per request.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 from routing.config import RoutingConfig
-from routing.pipeline import HealthyFilter, Outcome, Pipeline, WeightedScorer, decision_from
+from routing.pipeline import HealthyFilter, Pipeline, near_ties
+from routing.protocols import Pick, Picker, Scored, Stage
 from routing.rates import RateBook
-from routing.scorers import (
-    LoadTiePicker,
-    OverheadScorer,
-    PrefillScorer,
-    QueueScorer,
-    ReloadScorer,
-    predict_ttft,
-)
 from routing.session import SessionTable, should_stick
-from routing.types import Candidate, Decision, Reason, ReplicaId, RoutingRequest
+from routing.ttft import TtftScorer
+from routing.types import Reason, ReplicaId, RoutingRequest
 
 
-class CostPolicy:
-    name = "cost"
+class LoadTiePicker(Stage):
+    """Lowest cost; near-ties go to the fewest prefill tokens in flight, then to the one this picker
+    chose least recently (so sequential misses at low concurrency rotate over idle replicas instead of
+    clustering, and their GPU and host pools fill evenly), then to a seeded draw (replicas never chosen
+    yet). Requests that are only decoding do not count: they do not hold up a prefill. O(n) per pick."""
 
-    def __init__(self, cfg: RoutingConfig) -> None:
-        self._cfg = cfg
-        self.rates = RateBook(cfg)
-        self.sessions = SessionTable(cfg.max_sessions)
-        scorers = (QueueScorer(self.rates), PrefillScorer(self.rates), ReloadScorer(self.rates))
-        self._picker = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tie_abs_s)
-        self._pipeline = Pipeline(
-            filters=[HealthyFilter()],
-            scorers=[WeightedScorer(s) for s in (*scorers, OverheadScorer(self.rates))],
-            picker=self._picker,
-        )
+    def __init__(self, seed: int, rel_tol: float, abs_tol: float = 1e-9) -> None:
+        self._rng = random.Random(seed)
+        self._rel_tol = rel_tol
+        self._abs_tol = abs_tol
+        self._clock = 0
+        self._last_pick: dict[ReplicaId, int] = {}
 
-    def route(self, req: RoutingRequest, cands: Sequence[Candidate]) -> Decision:
-        picked, ranked = self._pipeline.run(req, cands)
-        chosen, reason = self._guards(req, picked, ranked)
-        if reason is None:
-            reason = self._reason(req, chosen, ranked)
-        self.sessions.remember(req.session_key, chosen.id)
-        ordered = [
-            (chosen, _cost(ranked, chosen)),
-            *sorted((cs for cs in ranked if cs[0] is not chosen), key=lambda cs: cs[1]),
-        ]
-        terms = predict_ttft(req, chosen, self.rates.get(chosen.id))
-        m = chosen.match
-        return decision_from(
-            chosen,
-            ordered,
-            reason,
-            predicted_cached_tokens=m.total_tokens,
-            queue_s=terms.queue_s,
-            prefill_s=terms.prefill_s,
-            reload_s=terms.reload_s,
-            overhead_s=terms.overhead_s,
-            uncached_tokens=terms.uncached_tokens,
-            gpu_tokens=m.gpu_tokens,
-            host_tokens=m.host_tokens,
-            storage_tokens=m.storage_tokens,
-        )
-
-    def observe(self, outcome: Outcome) -> None:
-        self.rates.observe(outcome)
+    def pick(self, req: RoutingRequest, scored: Sequence[Scored]) -> Pick:
+        ties = near_ties(scored, self._rel_tol, self._abs_tol)
+        if len(ties) > 1:
+            least = min(s.cand.state.inflight_prefill_tokens for s in ties)
+            ties = [s for s in ties if s.cand.state.inflight_prefill_tokens == least]
+        if len(ties) > 1:
+            oldest = min(self._last_pick.get(s.id, -1) for s in ties)
+            ties = [s for s in ties if self._last_pick.get(s.id, -1) == oldest]
+        chosen = ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        self._clock += 1
+        self._last_pick[chosen.id] = self._clock
+        return Pick(chosen)
 
     def forget(self, replica: ReplicaId) -> None:
-        """A replica left the fleet: drop its learned rates and the sessions it held."""
-        self.rates.forget(replica)
-        self.sessions.forget_replica(replica)
-        self._picker.forget(replica)
+        self._last_pick.pop(replica, None)
 
-    # ---- steps --------------------------------------------------------------------------------------
-    def _guards(
-        self, req: RoutingRequest, picked: Candidate, ranked: list[tuple[Candidate, float]]
-    ) -> tuple[Candidate, Reason | None]:
-        """Session affinity, then the hot-spot guard; a Reason when either changed the pick."""
-        chosen, reason = picked, None
-        sticky = self.sessions.get(req.session_key)
-        if sticky is not None and sticky != picked.id:
-            costs = {c.id: cost for c, cost in ranked}
+
+class Wrapper(Stage):
+    """A picker around another one: lifecycle hooks reach the inner picker too."""
+
+    def __init__(self, inner: Picker) -> None:
+        self.inner = inner
+
+    def chose(self, req: RoutingRequest, replica: ReplicaId) -> None:
+        self.inner.chose(req, replica)
+
+    def forget(self, replica: ReplicaId) -> None:
+        self.inner.forget(replica)
+
+    def restart(self, replica: ReplicaId) -> None:
+        self.inner.restart(replica)
+
+
+class SessionPicker(Wrapper):
+    """Session affinity that yields under overload (step 4 of the module docstring)."""
+
+    def __init__(self, inner: Picker, sessions: SessionTable, cfg: RoutingConfig) -> None:
+        super().__init__(inner)
+        self.sessions = sessions
+        self._cfg = cfg
+
+    def pick(self, req: RoutingRequest, scored: Sequence[Scored]) -> Pick:
+        pick = self.inner.pick(req, scored)
+        key = req.session_key
+        sticky = self.sessions.get(key)
+        if sticky is not None and sticky != pick.chosen.id:
+            costs = {s.id: s.cost for s in scored}
             if should_stick(costs, sticky, self._cfg.session_overload_factor):
-                chosen, reason = next(c for c, _ in ranked if c.id == sticky), Reason.SESSION
-        elif sticky is None and req.session_key:
-            crowded = self.sessions.crowded([c.id for c, _ in ranked], self._cfg.hot_spill_factor)
-            if picked.id in crowded:
-                roomy = [(c, cost) for c, cost in ranked if c.id not in crowded]
-                chosen, reason = self._picker.pick(roomy), Reason.FALLBACK
-        if self._hot(chosen, ranked):
-            cool = [(c, cost) for c, cost in ranked if not self._hot(c, ranked)]
+                return Pick(next(s for s in scored if s.id == sticky), Reason.SESSION)
+        elif sticky is None and key:
+            crowded = self.sessions.crowded([s.id for s in scored], self._cfg.hot_spill_factor)
+            if pick.chosen.id in crowded:
+                roomy = [s for s in scored if s.id not in crowded]
+                return Pick(self.inner.pick(req, roomy).chosen, Reason.FALLBACK)
+        return pick
+
+    def chose(self, req: RoutingRequest, replica: ReplicaId) -> None:
+        self.sessions.remember(req.session_key, replica)
+        super().chose(req, replica)
+
+    def forget(self, replica: ReplicaId) -> None:
+        self.sessions.forget_replica(replica)
+        super().forget(replica)
+
+
+class HotSpotGuard(Wrapper):
+    """Sheds a request from a replica that would hold too many in flight (step 5)."""
+
+    def __init__(self, inner: Picker, cfg: RoutingConfig) -> None:
+        super().__init__(inner)
+        self._cfg = cfg
+
+    def pick(self, req: RoutingRequest, scored: Sequence[Scored]) -> Pick:
+        pick = self.inner.pick(req, scored)
+        if self._hot(pick.chosen, scored):
+            cool = [s for s in scored if not self._hot(s, scored)]
             if cool:
-                return min(cool, key=lambda cs: cs[1])[0], Reason.FALLBACK
-        return chosen, reason
+                return Pick(min(cool, key=lambda s: s.cost), Reason.FALLBACK)
+        return pick
 
-    def _hot(self, cand: Candidate, ranked: Sequence[tuple[Candidate, float]]) -> bool:
-        """Would one more request put ``cand`` above the hot-spot bound?"""
+    def _hot(self, s: Scored, scored: Sequence[Scored]) -> bool:
         cfg = self._cfg
-        if cfg.hot_spill_factor <= 0 or len(ranked) < 2:
+        after = s.cand.state.inflight_requests + 1
+        if cfg.hot_spill_factor <= 0 or len(scored) < 2 or after <= cfg.hot_min_inflight:
             return False
-        after = cand.state.inflight_requests + 1
-        mean_after = (sum(c.state.inflight_requests for c, _ in ranked) + 1) / len(ranked)
-        return after > max(cfg.hot_min_inflight, cfg.hot_spill_factor * mean_after)
-
-    def _reason(
-        self, req: RoutingRequest, chosen: Candidate, ranked: Sequence[tuple[Candidate, float]]
-    ) -> Reason:
-        best = min(ranked, key=lambda cs: cs[1])[0]
-        block = max(req.block_tokens, 1e-9)
-        if best is not chosen and best.match.total_tokens >= chosen.match.total_tokens + block:
-            return Reason.FALLBACK
-        m = chosen.match
-        if m.total_tokens < block:
-            return Reason.LEAST_COST
-        tiers = (
-            (m.gpu_tokens, Reason.PREFIX_GPU),
-            (m.host_tokens, Reason.PREFIX_HOST),
-            (m.storage_tokens, Reason.PREFIX_STORAGE),
-        )
-        return max(tiers, key=lambda t: t[0])[1]
+        mean_after = (sum(x.cand.state.inflight_requests for x in scored) + 1) / len(scored)
+        return after > cfg.hot_spill_factor * mean_after
 
 
-def _cost(ranked: Sequence[tuple[Candidate, float]], cand: Candidate) -> float:
-    return next(cost for c, cost in ranked if c is cand)
+def explain(req: RoutingRequest, chosen: Scored, scored: Sequence[Scored]) -> Reason:
+    """The tier the chosen replica's match is mostly in, or why none (module docstring)."""
+    best = min(scored, key=lambda s: s.cost)
+    block = max(req.block_tokens, 1e-9)
+    m = chosen.cand.match
+    if best is not chosen and best.cand.match.total_tokens >= m.total_tokens + block:
+        return Reason.FALLBACK
+    if m.total_tokens < block:
+        return Reason.LEAST_COST
+    tiers = (
+        (m.gpu_tokens, Reason.PREFIX_GPU),
+        (m.host_tokens, Reason.PREFIX_HOST),
+        (m.storage_tokens, Reason.PREFIX_STORAGE),
+    )
+    return max(tiers, key=lambda t: t[0])[1]
+
+
+def cost(cfg: RoutingConfig, rates: RateBook) -> Pipeline:
+    ties = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tie_abs_s)
+    picker = HotSpotGuard(SessionPicker(ties, SessionTable(cfg.max_sessions), cfg), cfg)
+    return Pipeline("cost", [HealthyFilter()], TtftScorer(rates), picker, explain)

@@ -14,14 +14,15 @@ of "the first one" getting them all. Cost: O(n) per request. Reason: always LEAS
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from routing.config import RoutingConfig
-from routing.pipeline import HealthyFilter, Outcome, Pipeline, SeededPicker, WeightedScorer, decision_from
-from routing.types import Candidate, Decision, Reason, ReplicaId, RoutingRequest
+from routing.pipeline import HealthyFilter, Pipeline, SeededPicker
+from routing.protocols import Scored, Stage
+from routing.types import Candidate, Reason, RoutingRequest
 
 
-class LoadScorer:
+class LoadScorer(Stage):
     """load(r) = inflight_prefill_tokens + tokens_per_request x inflight_requests (tokens)."""
 
     name = "load"
@@ -29,26 +30,13 @@ class LoadScorer:
     def __init__(self, tokens_per_request: int) -> None:
         self.tokens_per_request = tokens_per_request
 
-    def score(self, req: RoutingRequest, cands: Sequence[Candidate]) -> Mapping[ReplicaId, float]:
-        return {
-            c.id: float(c.state.inflight_prefill_tokens + self.tokens_per_request * c.state.inflight_requests)
-            for c in cands
-        }
+    def score(self, req: RoutingRequest, cands: Sequence[Candidate]) -> list[Scored]:
+        per = self.tokens_per_request
+        return [
+            Scored(c, float(c.state.inflight_prefill_tokens + per * c.state.inflight_requests)) for c in cands
+        ]
 
 
-class LeastLoadPolicy:
-    name = "least_load"
-
-    def __init__(self, cfg: RoutingConfig) -> None:
-        self._pipeline = Pipeline(
-            filters=[HealthyFilter()],
-            scorers=[WeightedScorer(LoadScorer(cfg.tokens_per_request))],
-            picker=SeededPicker(seed=cfg.seed),
-        )
-
-    def route(self, req: RoutingRequest, cands: Sequence[Candidate]) -> Decision:
-        picked, ranked = self._pipeline.run(req, cands)
-        return decision_from(picked, ranked, Reason.LEAST_LOAD)
-
-    def observe(self, outcome: Outcome) -> None:
-        return None
+def least_load(cfg: RoutingConfig) -> Pipeline:
+    scorer = LoadScorer(cfg.tokens_per_request)
+    return Pipeline("least_load", [HealthyFilter()], scorer, SeededPicker(cfg.seed), Reason.LEAST_LOAD)

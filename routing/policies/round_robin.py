@@ -1,34 +1,37 @@
 """Round robin: each request goes to the next healthy replica in id order.
 
-The counter advances once per routed request. Replicas are ordered by id, so adding or removing one
-shifts the rotation but never skips a healthy replica for more than one turn. ``ranked`` lists the
-replicas in rotation order starting at the pick, so a retry goes to the next one in turn.
-Cost: O(n log n) per request (sorting n ids). Reason: always ROUND_ROBIN.
+``RotationScorer``: cost(r) = (position of r among the candidates in id order - turn) mod n, where the
+turn advances by one per routed request; the picker takes the 0, and ``ranked`` is then the rotation
+order starting at the pick, so a retry goes to the next one in turn. Adding or removing a replica
+shifts the rotation but never skips a healthy replica for more than one turn. Cost: O(n log n) per
+request (sorting n ids). Reason: always ROUND_ROBIN.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.pipeline import HealthyFilter, NoCandidates, Outcome
-from routing.types import Candidate, Decision, Reason, RoutingRequest
+from routing.pipeline import HealthyFilter, Pipeline, SeededPicker
+from routing.protocols import Scored, Stage
+from routing.types import Candidate, Reason, RoutingRequest
 
 
-class RoundRobinPolicy:
-    name = "round_robin"
+class RotationScorer(Stage):
+    """cost(r) = (rank of r's id - turn) mod n (dimensionless, [0, n))."""
+
+    name = "rotation"
 
     def __init__(self) -> None:
-        self._next = 0
-        self._filter = HealthyFilter()
+        self._turn = 0
 
-    def route(self, req: RoutingRequest, cands: Sequence[Candidate]) -> Decision:
-        ids = sorted(c.id for c in self._filter.filter(req, cands))
-        if not ids:
-            raise NoCandidates("no healthy replica")
-        start = self._next % len(ids)
-        self._next += 1
-        order = tuple(ids[start:] + ids[:start])
-        return Decision(replica=order[0], reason=Reason.ROUND_ROBIN, ranked=order)
+    def score(self, req: RoutingRequest, cands: Sequence[Candidate]) -> list[Scored]:
+        n = len(cands)
+        start = self._turn % n
+        self._turn += 1
+        order = sorted(range(n), key=lambda i: cands[i].state.id)
+        cost = {i: float((rank - start) % n) for rank, i in enumerate(order)}
+        return [Scored(c, cost[i]) for i, c in enumerate(cands)]
 
-    def observe(self, outcome: Outcome) -> None:
-        return None
+
+def round_robin() -> Pipeline:
+    return Pipeline("round_robin", [HealthyFilter()], RotationScorer(), SeededPicker(), Reason.ROUND_ROBIN)

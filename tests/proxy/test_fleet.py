@@ -91,7 +91,7 @@ async def test_a_health_flap_without_a_restart_keeps_what_the_replica_holds(stac
     ):
         assert r.status == 200
         served = r.headers["x-kvroute-replica"]
-    tiers = gw.index.tiers(served)  # type: ignore[attr-defined]
+    tiers = gw.router.cache.tiers(served)
     held = len(tiers.gpu)
     assert held > 0
     await stack.replicas[stack.urls.index(served)].fault(action="unhealthy")
@@ -100,7 +100,7 @@ async def test_a_health_flap_without_a_restart_keeps_what_the_replica_holds(stac
     await wait_for(lambda: gw.fleet.get(served).healthy)  # type: ignore[union-attr]
     assert len(tiers.gpu) == held
     assert gw.fleet.remove(served)
-    assert gw.index.tiers(served) is None  # type: ignore[attr-defined]
+    assert gw.router.cache.tiers(served) is None
 
 
 async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:

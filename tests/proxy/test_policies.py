@@ -6,13 +6,21 @@ from collections import Counter
 
 import pytest
 
-from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
 from routing.pipeline import NoCandidates
-from routing.policies.factory import build_policy, build_prefix_index
-from routing.policies.least_load import LeastLoadPolicy
-from routing.policies.round_robin import RoundRobinPolicy
+from routing.policies.factory import build_policy
+from routing.rates import RateBook
 from routing.types import Candidate, Reason, ReplicaState, RoutingRequest
+from tests.routing.harness import PolicyHarness
+
+
+def RoundRobinPolicy() -> PolicyHarness:
+    return PolicyHarness("round_robin")
+
+
+def LeastLoadPolicy(cfg: RoutingConfig) -> PolicyHarness:
+    return PolicyHarness("least_load", cfg)
+
 
 REQ = RoutingRequest(model="m", block_hashes=(), prompt_tokens=100, block_tokens=64.0)
 
@@ -84,13 +92,14 @@ def test_least_load_breaks_ties_with_a_seeded_draw_not_list_order() -> None:
 @pytest.mark.parametrize("name", ["cost", "round_robin", "least_load", "cache_aware", "consistent_hash"])
 def test_factory_builds_every_policy(name: str) -> None:
     cfg = RoutingConfig(policy=name)  # type: ignore[arg-type]
-    policy, index = build_policy(cfg), build_prefix_index(cfg)
-    d = policy.route(REQ, cands(ReplicaState("a", gpu_tokens=10_000), ReplicaState("b", gpu_tokens=10_000)))
-    assert policy.name == name and d.replica in {"a", "b"}
-    assert isinstance(index, CacheModel)  # every policy gets the model: its accuracy is a metric everywhere
+    policy = build_policy(cfg, RateBook(cfg))
+    choice = policy.decide(
+        REQ, cands(ReplicaState("a", gpu_tokens=10_000), ReplicaState("b", gpu_tokens=10_000))
+    )
+    assert policy.name == name and choice.decision.replica in {"a", "b"}
 
 
 def test_factory() -> None:
+    cfg = RoutingConfig(policy="no_such_policy")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"available: .*least_load"):
-        build_policy(RoutingConfig(policy="no_such_policy"))  # type: ignore[arg-type]
-    assert build_prefix_index(RoutingConfig()).match(REQ, [ReplicaState("a")]) == {}
+        build_policy(cfg, RateBook(cfg))

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Sequence
 
 import aiohttp
 import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from routing.pipeline import Outcome, Policy
-from routing.types import Candidate, Decision, RoutingRequest
+from routing.router import Ticket
+from routing.types import Report
 from tests.conftest import sha256
 from tests.proxy.conftest import MODEL, SYSTEM, Stack, StackFactory, post, wait_for
 
@@ -257,35 +256,35 @@ async def test_flush_cache_fans_out(stack: Stack) -> None:
         status, _, _ = await post(stack.url, "/v1/chat/completions", orjson.dumps(LONG_CHAT), JSON)
         assert status == 200
     assert all([(await r.state())["cache"]["gpu_cached"] > 0 for r in stack.replicas])
-    model = stack.gw.index
-    assert all(len(model.tiers(u).gpu) > 0 for u in stack.urls)  # type: ignore[attr-defined]
+    model = stack.gw.router.cache
+    assert all(len(t.gpu) > 0 for t in map(model.tiers, stack.urls) if t is not None)
     async with aiohttp.ClientSession() as s, s.post(stack.url + "/flush_cache") as r:
         doc = await r.json()
     assert r.status == 200 and doc["flushed"] is True and set(doc["replicas"]) == set(stack.urls)
     assert [[e["status"] for e in await r.requests("/flush_cache")] for r in stack.replicas] == [[200], [200]]
     assert [(await r.state())["cache"]["gpu_cached"] for r in stack.replicas] == [0, 0]
     # the model follows: GPU and host gone (storage would stay), the replicas still known
-    assert [len(model.tiers(u).gpu) for u in stack.urls] == [0, 0]  # type: ignore[attr-defined]
+    assert [len(t.gpu) for t in map(model.tiers, stack.urls) if t is not None] == [0, 0]
 
 
-class RecordingPolicy:
-    """Wraps the gateway's policy and keeps every Outcome it is fed."""
+def record_reports(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Ticket, Report]]:
+    """Every (ticket, report) the gateway finishes, in order (the Router still learns from them)."""
+    seen: list[tuple[Ticket, Report]] = []
+    finish = stack.gw.router.finish
 
-    def __init__(self, inner: Policy) -> None:
-        self.inner, self.name, self.outcomes = inner, inner.name, list[Outcome]()
+    def recording(ticket: Ticket, report: Report) -> None:
+        seen.append((ticket, report))
+        finish(ticket, report)
 
-    def route(self, req: RoutingRequest, cands: Sequence[Candidate]) -> Decision:
-        return self.inner.route(req, cands)
-
-    def observe(self, outcome: Outcome) -> None:
-        self.outcomes.append(outcome)
+    monkeypatch.setattr(stack.gw.router, "finish", recording)
+    return seen
 
 
-async def test_outcomes_fed_back_with_usage_and_ttft(stack_factory: StackFactory) -> None:
+async def test_reports_fed_back_with_usage_and_ttft(
+    stack_factory: StackFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stack = await stack_factory(n=1)
-    gw = stack.gw
-    rec = RecordingPolicy(gw.policy)
-    gw.policy = rec
+    seen = record_reports(stack, monkeypatch)
     plain = orjson.dumps(LONG_CHAT)
     stream = orjson.dumps({**LONG_CHAT, "stream": True, "stream_options": {"include_usage": True}})
     bodies = []
@@ -293,19 +292,19 @@ async def test_outcomes_fed_back_with_usage_and_ttft(stack_factory: StackFactory
         status, raw, _ = await post(stack.url, "/v1/chat/completions", body, JSON)
         assert status == 200
         bodies.append(raw)
-    cold, warm, streamed = rec.outcomes
+    (_, cold), (_, warm), (ticket, streamed) = seen
     usage = orjson.loads(bodies[1])["usage"]
     assert cold.ok and cold.ttft_s is None and cold.prompt_tokens == usage["prompt_tokens"]
     assert cold.cached_tokens == 0  # null prompt_tokens_details on a cache-report replica means 0 cached
     assert warm.ok and warm.ttft_s is None and warm.prompt_tokens == usage["prompt_tokens"]
     assert warm.cached_tokens == usage["prompt_tokens_details"]["cached_tokens"] > 0  # what the replica said
     assert streamed.ok and streamed.ttft_s is not None and streamed.ttft_s > 0
-    assert streamed.cached_tokens == warm.cached_tokens and streamed.decision.replica in stack.urls
+    assert streamed.cached_tokens == warm.cached_tokens and ticket.replica in stack.urls
     assert warm.cached_tokens is not None
     assert (await stack.replicas[0].state())["cached_tokens_total"] == 2 * warm.cached_tokens
     await stack.replicas[0].fault(action="fail", status=400)
     await post(stack.url, "/v1/chat/completions", plain, JSON)
-    assert rec.outcomes[-1].ok is False and rec.outcomes[-1].cached_tokens is None
+    assert seen[-1][1].ok is False and seen[-1][1].cached_tokens is None
 
 
 async def test_single_replica_gets_a_second_try_after_a_reset(stack_factory: StackFactory) -> None:

@@ -13,10 +13,10 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from routing.cache_model import LOAD_BACK_MIN_TOKENS, PREFETCH_MIN_TOKENS, CacheModel
+from routing.cache_model import LOAD_BACK_MIN_TOKENS, PREFETCH_MIN_TOKENS, CacheModel, Recorded
 from routing.config import RoutingConfig
-from routing.types import Decision, PrefixMatch, Reason, ReplicaState, RoutingRequest, WritePolicy
-from tests.routing.reference import RefEnds, RefTiers
+from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest, WritePolicy
+from tests.routing.reference import RefEnds, RefProvisional, RefTiers
 
 REPLICAS = ("r0", "r1", "r2", "r3")
 POLICIES: tuple[WritePolicy | None, ...] = (None, "write_back", "write_through", "write_through_selective")
@@ -69,7 +69,10 @@ class CacheModelMachine(RuleBasedStateMachine):
     @initialize(budget=st.sampled_from([10_000, 150]))
     def start(self, budget: int) -> None:
         self.budget = budget
-        self.model = CacheModel(RoutingConfig(block_chars=4, chars_per_token=4.0, model_budget_blocks=budget))
+        cfg = RoutingConfig(block_chars=4, chars_per_token=4.0, model_budget_blocks=budget)
+        self.model = CacheModel(cfg, block_tokens=1.0)
+        self.open: list[tuple[Recorded, int, bool]] = []  # receipt, held_from, new_end (reference side)
+        self.held = RefProvisional()
         self.ref: dict[str, RefTiers] = {}
         self.ends: dict[str, RefEnds] = {}
         self.states: dict[str, ReplicaState] = {}
@@ -145,6 +148,7 @@ class CacheModelMachine(RuleBasedStateMachine):
         elif old is not None and old.started_at != started:
             self.ref[rid].restart()
             self.ends[rid] = RefEnds()
+            self.held.counts.pop(rid, None)
         self.states[rid] = state
         self._ref_resize()
 
@@ -153,12 +157,33 @@ class CacheModelMachine(RuleBasedStateMachine):
         if rid not in self.states:
             return
         runs = self.ref[rid].runs(hashes)
-        self.model.record(_request(hashes), Decision(replica=rid, reason=Reason.LEAST_COST))
-        assert self.ref[rid].insert(hashes) == runs
-        state = self.states[rid]
+        rec = self.model.record(_request(hashes), rid)
+        assert rec is not None and self.ref[rid].insert(hashes) == runs
+        state, new_end = self.states[rid], False
         if state.resume_interval > 0 and state.resume_at_end:
-            self.ends[rid].add(hashes, len(hashes) + 1, 1.0)
+            new_end = self.ends[rid].add(hashes, len(hashes) + 1, 1.0)
+        held_from = self.held.first_held(rid, hashes[: sum(runs)])
+        self.held.hold(rid, hashes[held_from:])
+        assert rec.held_from == held_from and rec.new_end == new_end
+        self.open.append((rec, held_from, new_end))
         self.last = (rid, hashes)
+
+    @rule(pick=st.integers(0, 1000), ran=st.booleans())
+    def settle(self, pick: int, ran: bool) -> None:
+        """An in-flight request finishes: it ran (its blocks are real) or never ran (rolled back)."""
+        if not self.open:
+            return
+        rec, held_from, new_end = self.open.pop(pick % len(self.open))
+        rid, blocks = rec.replica, rec.request.block_hashes[held_from:]
+        self.model.settle(rec, Report(ok=True, ttft_s=0.1) if ran else Report(ok=False))
+        if ran:
+            self.held.confirm(rid, blocks)
+            return
+        gone = self.held.release(rid, blocks)
+        if rid in self.ref:
+            self.ref[rid].discard(gone)
+            if new_end:
+                self.ends[rid].discard(rec.request.block_hashes[-1])
 
     @rule(cut=st.integers(0, 6), extra=st.integers(0, 3), again=st.booleans())
     def follow_up(self, cut: int, extra: int, again: bool) -> None:
@@ -175,16 +200,20 @@ class CacheModelMachine(RuleBasedStateMachine):
 
     @rule(hashes=requests)
     def match(self, hashes: tuple[int, ...]) -> None:
-        got = self.model.match(_request(hashes), list(self.states.values()))
+        states = list(self.states.values())
+        self.model.sync(states)
+        found = self.model.match(_request(hashes), states)
+        got = {s.id: found.get(s.id, NO_MATCH) for s in states}
         want = {}
         for rid, state in self.states.items():
             g, h, s = self.ref[rid].runs(hashes)
             want[rid] = _ref_tokens(g, h, s, _ref_resume(state, self.ends[rid], hashes, g + h + s))
-        assert dict(got) == want
+        assert got == want
 
     @rule(rid=st.sampled_from(REPLICAS))
     def forget(self, rid: str) -> None:
         self.model.forget(rid)
+        self.held.counts.pop(rid, None)
         self.ref.pop(rid, None)
         self.ends.pop(rid, None)
         self.states.pop(rid, None)
@@ -200,8 +229,9 @@ class CacheModelMachine(RuleBasedStateMachine):
             assert tiers.gpu.order() == ref.gpu.items
             assert tiers.host.order() == ref.host.items
             assert tiers.storage.order() == ref.storage.items
-            for lru in (tiers.gpu, tiers.host, tiers.storage):
+            for lru in (tiers.gpu, tiers.storage):
                 assert len(lru) <= lru.capacity
+            assert len(tiers.host) - tiers.host.capacity <= len(tiers.gpu)  # only GPU copies beyond it
             if self.states[rid].write_policy is None:
                 assert len(tiers.host) == 0 and len(tiers.storage) == 0
         assert self.model.blocks() <= self.budget

@@ -1,16 +1,36 @@
-"""Canonical prompt rendering: determinism, prefix growth, and what goes into the prefix."""
+"""Canonical prompt rendering: determinism, prefix growth, and what goes into the prefix.
+
+Bodies go through the proxy's one parse (``proxy.openai.parse_request``) into typed prompts, which
+``routing.canonical.render`` renders: together they are what decides a request's block hashes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.canonical import canonical_prompt, tenant_salt
+from proxy.openai import parse_request
+from proxy.types import Route
+from routing.canonical import namespace_salt, render
+from routing.prompt import ChatPrompt, Namespace, TextPrompt
 
-CHAT = "/v1/chat/completions"
+CHAT = Route.CHAT
+
+
+def canonical_prompt(route: Route, body: dict[str, Any]) -> str:
+    """The rendering of a body as the gateway parses it (a chat without messages renders its header and
+    tools only: the gateway rejects such a body, but it is the prefix of every conversation)."""
+    if route is Route.CHAT and not body.get("messages"):
+        one = parse_request(route, orjson.dumps({"model": "m", **body, "messages": [{"role": "user"}]}))
+        assert isinstance(one.routing.prompt, ChatPrompt)
+        return render(dataclasses.replace(one.routing.prompt, messages=()))
+    return render(parse_request(route, orjson.dumps({"model": "m", **body})).routing.prompt)
+
+
 text = st.text(min_size=0, max_size=40)
 roles = st.sampled_from(["system", "user", "assistant", "tool"])
 message = st.fixed_dictionaries(
@@ -116,23 +136,29 @@ def test_content_parts_equal_the_plain_string_and_images_are_hashed() -> None:
 
 
 def test_completions_and_generate_prompts() -> None:
-    assert canonical_prompt("/v1/completions", {"prompt": "once upon"}) == "once upon"
-    assert canonical_prompt("/v1/completions", {"prompt": ["first", "second"]}) == "first"
-    ids = canonical_prompt("/v1/completions", {"prompt": [1, 2, 3]})
-    assert ids.startswith(canonical_prompt("/v1/completions", {"prompt": [1, 2]}))
-    assert canonical_prompt("/v1/completions", {"prompt": [[5, 6], [7]]}) == canonical_prompt(
-        "/v1/completions", {"prompt": [5, 6]}
-    )
-    assert canonical_prompt("/generate", {"text": "abc"}) == "abc"
-    assert canonical_prompt("/generate", {"input_ids": [9, 8]}) == canonical_prompt(
-        "/v1/completions", {"prompt": [9, 8]}
-    )
-    assert canonical_prompt("/v1/embeddings", {"input": "x"}) == ""
+    comp, gen = Route.COMPLETIONS, Route.GENERATE
+    assert canonical_prompt(comp, {"prompt": "once upon"}) == "once upon"
+    assert canonical_prompt(comp, {"prompt": ["first", "second"]}) == "first"
+    ids = canonical_prompt(comp, {"prompt": [1, 2, 3]})
+    assert ids.startswith(canonical_prompt(comp, {"prompt": [1, 2]}))
+    assert canonical_prompt(comp, {"prompt": [[5, 6], [7]]}) == canonical_prompt(comp, {"prompt": [5, 6]})
+    assert canonical_prompt(gen, {"text": "abc"}) == "abc"
+    assert canonical_prompt(gen, {"input_ids": [9, 8]}) == canonical_prompt(comp, {"prompt": [9, 8]})
+    assert canonical_prompt(Route.PASSTHROUGH, {"input": "x"}) == ""
+    assert render(TextPrompt("")) == "" and render(None) == ""
 
 
-def test_tenant_salt_follows_sglang_extra_key_and_adds_tenant() -> None:
-    assert tenant_salt({}, None) == ""
-    assert tenant_salt({"cache_salt": "a", "extra_key": "b"}, None) == "ab"  # SGLang concatenates
-    assert tenant_salt({"cache_salt": "a"}, "t1") != tenant_salt({"cache_salt": "a"}, "t2")
-    assert tenant_salt({"lora_path": "x"}, None) != tenant_salt({}, None)
-    assert tenant_salt({"cache_salt": 5}, None) == ""  # non-strings are the proxy's 400, not a salt
+def _salt(body: dict[str, Any]) -> str:
+    return namespace_salt(
+        parse_request(
+            Route.CHAT, orjson.dumps({"model": "m", **body, "messages": [{"role": "user", "content": "x"}]})
+        ).routing.namespace
+    )
+
+
+def test_namespace_salt_follows_sglang_extra_key_and_adds_tenant() -> None:
+    assert _salt({}) == ""
+    assert _salt({"cache_salt": "a", "extra_key": "b"}) == "ab"  # SGLang concatenates
+    assert namespace_salt(Namespace("a", tenant="t1")) != namespace_salt(Namespace("a", tenant="t2"))
+    assert _salt({"lora_path": "x"}) != _salt({})
+    assert _salt({"cache_salt": 5}) == ""  # non-strings are the engine's 400, not a salt

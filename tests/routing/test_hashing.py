@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.config import RoutingConfig
-from routing.hashing import block_hashes, build_request
+from routing.hashing import block_hashes
 
 BC = 8
 alphabet = st.text(alphabet="abcde", min_size=0, max_size=120)
@@ -58,21 +57,4 @@ def test_partial_block_and_max_blocks() -> None:
 
 def test_utf8_blocks_count_bytes() -> None:
     assert len(block_hashes("m", "é" * BC, "", BC, 10)) == 2  # 2 bytes per character
-
-
-def test_build_request_estimates_tokens_and_keeps_session_and_salt() -> None:
-    cfg = RoutingConfig(block_chars=16, chars_per_token=4.0)
-    body = {
-        "model": "m",
-        "messages": [{"role": "user", "content": "x" * 400}],
-        "max_tokens": 7,
-        "cache_salt": "s",
-    }
-    req, size = build_request("/v1/chat/completions", body, cfg, session_key="abc")
-    assert size > 400 and req.prompt_tokens == round(size / 4.0)
-    assert len(req.block_hashes) == size // 16
-    assert req.block_tokens == 4.0 and req.session_key == "abc" and req.max_new_tokens == 7
-    other, _ = build_request("/v1/chat/completions", {**body, "cache_salt": "t"}, cfg)
-    assert not set(req.block_hashes) & set(other.block_hashes)
-    learned, _ = build_request("/v1/chat/completions", body, cfg, chars_per_token=2.0)
-    assert learned.prompt_tokens == round(size / 2.0) and learned.block_tokens == 8.0
+    assert block_hashes("m", "é" * BC, "", BC, 10) == block_hashes("m", ("é" * BC).encode(), "", BC, 10)

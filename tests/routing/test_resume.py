@@ -1,20 +1,20 @@
 """Hybrid resume points: the cache model cuts a match that stops inside a recorded prompt to the resume grid.
 
-Units: 16 estimated tokens per block, the engine counts the same (ratio 1) unless a test teaches it
-otherwise; the hybrid replica resumes every 64 engine tokens (4 blocks) and at the end of served prompts.
+Units: 16 estimated engine tokens per block unless a test says otherwise; the hybrid replica resumes
+every 64 engine tokens (4 blocks) and at the end of served prompts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
-from routing.cache_model import CacheModel
+from routing.cache_model import CacheModel, Recorded
 from routing.config import RoutingConfig
-from routing.pipeline import Outcome
 from routing.resume import SequenceEnds, grid_tokens
-from routing.types import Decision, Reason, ReplicaState, RoutingRequest
+from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest
 
 BT = 16.0
 CFG = RoutingConfig(block_chars=64, chars_per_token=4.0)
@@ -24,29 +24,39 @@ HYBRID = ReplicaState(
 )
 
 
-def req(blocks: tuple[int, ...], extra_tokens: float = 5.0) -> RoutingRequest:
+def req(blocks: tuple[int, ...], extra_tokens: float = 5.0, bt: float = BT) -> RoutingRequest:
     """A prompt of ``blocks`` full blocks plus ``extra_tokens`` of unhashed tail."""
     return RoutingRequest(
-        model="m", block_hashes=blocks, prompt_tokens=int(len(blocks) * BT + extra_tokens), block_tokens=BT
+        model="m", block_hashes=blocks, prompt_tokens=int(len(blocks) * bt + extra_tokens), block_tokens=bt
     )
+
+
+def new_model() -> CacheModel:
+    return CacheModel(CFG, BT)
+
+
+def match(model: CacheModel, r: RoutingRequest, states: Sequence[ReplicaState]) -> dict[str, PrefixMatch]:
+    model.sync(states)
+    found = model.match(r, states)
+    return {s.id: found.get(s.id, NO_MATCH) for s in states}
 
 
 def other(n: int) -> tuple[int, ...]:
     return tuple(range(900, 900 + n))
 
 
-def serve(model: CacheModel, r: RoutingRequest) -> Decision:
-    decision = Decision(replica="a", reason=Reason.LEAST_COST)
-    model.record(r, decision)
-    return decision
+def serve(model: CacheModel, r: RoutingRequest) -> Recorded:
+    rec = model.record(r, "a")
+    assert rec is not None
+    return rec
 
 
 def predicted(served: list[RoutingRequest], ask: RoutingRequest, state: ReplicaState = HYBRID) -> float:
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([state])
     for r in served:
         serve(model, r)
-    return model.match(ask, [state])["a"].total_tokens
+    return match(model, ask, [state])["a"].total_tokens
 
 
 EXTRA_BUFFER = replace(HYBRID, resume_at_end=False)  # only tracked states: every 64 tokens, not at ends
@@ -92,35 +102,29 @@ def test_a_hybrid_match_is_cut_to_the_last_resume_point(
 
 
 def test_the_cut_applies_across_tiers_gpu_first() -> None:
-    model = CacheModel(CFG)
+    model = new_model()
     small = replace(HYBRID, gpu_tokens=int(6 * BT))  # the 10-block document cannot stay on GPU
     model.sync([small])
     serve(model, req(DOC))
     serve(model, req(other(6)))  # pushes the document's blocks to host (write_back)
-    m = model.match(req(DOC), [small])["a"]
+    m = match(model, req(DOC), [small])["a"]
     assert (m.gpu_tokens, m.host_tokens) == (0.0, 128.0)
 
 
-def test_the_grid_is_in_engine_tokens() -> None:
-    """The engine counts 2x the estimated tokens: 10 blocks = 320 engine tokens → 288 on a 96-grid
-    (144 estimated), 300 on a 100-grid (150); in estimated tokens they would be 96 and 100."""
+def test_the_grid_is_in_engine_tokens_at_the_current_estimate() -> None:
+    """Blocks of 32 engine tokens (the estimate after learning the engine counts 2x): 10 blocks = 320
+    tokens → 288 on a 96-grid, 300 on a 100-grid; at 16 tokens a block they would be 96 and 100."""
     state = replace(HYBRID, resume_interval=96)
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([state])
-    for n in range(30):  # teach the model the engine's ratio on unrelated prompts
-        r = req((*other(2), n))
-        d = serve(model, r)
-        model.observe(Outcome(r, d, ok=True, prompt_tokens=2 * r.prompt_tokens, cached_tokens=0))
-    serve(model, req(DOC))
-    assert model.match(req(DOC), [state])["a"].total_tokens == pytest.approx(144.0, rel=0.02)
-    assert model.match(req(DOC), [replace(state, resume_interval=100)])["a"].total_tokens == pytest.approx(
-        150.0, rel=0.02
-    )
+    model.resize(2 * BT)
+    serve(model, req(DOC, bt=2 * BT))
+    assert match(model, req(DOC, bt=2 * BT), [state])["a"].total_tokens == 288.0
+    assert match(model, req(DOC, bt=2 * BT), [replace(state, resume_interval=100)])["a"].total_tokens == 300.0
 
 
 def observe(model: CacheModel, r: RoutingRequest, cached: int) -> None:
-    d = serve(model, r)
-    model.observe(Outcome(r, d, ok=True, prompt_tokens=r.prompt_tokens, cached_tokens=cached))
+    model.settle(serve(model, r), Report(ok=True, prompt_tokens=r.prompt_tokens, cached_tokens=cached))
 
 
 @pytest.mark.parametrize(
@@ -132,7 +136,7 @@ def observe(model: CacheModel, r: RoutingRequest, cached: int) -> None:
     ],
 )
 def test_a_shortfall_explained_by_the_cut_does_not_shrink_the_capacity(cached: int, shrinks: bool) -> None:
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([HYBRID])
     observe(model, req(DOC), 0)
     observe(model, req(DOC[:9] + other(2)), cached)  # predicted: 128
@@ -142,7 +146,7 @@ def test_a_shortfall_explained_by_the_cut_does_not_shrink_the_capacity(cached: i
 
 
 def test_a_grown_conversation_that_finds_nothing_still_shrinks_the_capacity() -> None:
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([HYBRID])
     observe(model, req(DOC), 0)
     observe(model, req(DOC + other(3)), 0)  # predicted 160: a real miss
@@ -150,25 +154,23 @@ def test_a_grown_conversation_that_finds_nothing_still_shrinks_the_capacity() ->
 
 
 def test_a_request_that_never_ran_leaves_no_resume_point() -> None:
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([HYBRID])
     serve(model, req(DOC + other(3)))  # the document's blocks are cached, its end is not a prompt end
-    failed = req(DOC)
-    d = serve(model, failed)
-    model.observe(Outcome(failed, d, ok=False))  # failed before its first byte: never ran
-    assert model.match(req(DOC, extra_tokens=15.0), [HYBRID])["a"].total_tokens == 128.0
+    model.settle(serve(model, req(DOC)), Report(ok=False))  # failed before its first byte: never ran
+    assert match(model, req(DOC, extra_tokens=15.0), [HYBRID])["a"].total_tokens == 128.0
     serve(model, req(DOC))  # now it ran
-    assert model.match(req(DOC, extra_tokens=15.0), [HYBRID])["a"].total_tokens == 160.0
+    assert match(model, req(DOC, extra_tokens=15.0), [HYBRID])["a"].total_tokens == 160.0
 
 
 def test_a_restart_forgets_resume_points() -> None:
-    model = CacheModel(CFG)
+    model = new_model()
     model.sync([replace(HYBRID, started_at=1.0)])
     serve(model, req(DOC))
     restarted = replace(HYBRID, started_at=2.0)
     model.sync([restarted])
     serve(model, req(DOC + other(3)))  # the blocks are back, the old prompt end is not
-    assert model.match(req(DOC, extra_tokens=15.0), [restarted])["a"].total_tokens == 128.0
+    assert match(model, req(DOC, extra_tokens=15.0), [restarted])["a"].total_tokens == 128.0
 
 
 def test_sequence_ends_are_bounded_and_skip_prompts_cut_at_max_blocks() -> None:

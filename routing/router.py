@@ -1,0 +1,195 @@
+"""The front door of routing: one ``Router`` owns the policy, the cache model and every learner.
+
+The proxy drives one request through it in three calls, and never reaches past it:
+
+    ticket = router.route(prompt_request, fleet.snapshot(model))  # render, hash, estimate, sync, match,
+                                                                    # decide, record
+    ticket = router.retarget(ticket, next_replica)   # a retry: the first record is rolled back, the
+                                                     # request re-predicted and recorded for the new one
+    router.finish(ticket, report)                    # what the replica reported: learn, confirm or roll back
+
+``route`` renders the typed prompt canonically (``routing.canonical``), hashes it into chained blocks
+(``routing.hashing``), estimates its tokens (``routing.tokens``, the one estimator), syncs the cache
+model with the snapshot once, matches every replica, lets the policy (``routing.pipeline``) decide,
+tells the policy's stages where the request went, and records it in the cache model. The ``Ticket``
+carries everything the outcome needs: the routing request, the decision, a typed ``Prediction`` (the
+match and the TTFT terms on the replica that will serve it) and the cache model's receipt; a retried
+request's outcome is therefore learned against the replica that served it.
+
+``finish`` settles the receipt (a request that never ran is rolled back), teaches the token estimator
+(text prompts; the cache model's capacities are re-converted to blocks when the estimate moves by more
+than ``RESIZE_FRACTION``) and the rate learner. Tickets are tracked in a bounded ledger
+(``routing.ledger.OpenTickets``): finishing or retargeting a ticket twice is harmless, and tickets that are
+never finished are settled as if they ran once ``MAX_OPEN`` newer ones are open.
+
+Pure and synchronous: no I/O, no clock, no environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from routing.cache_model import CacheModel, Recorded
+from routing.calibration import AccuracyStats
+from routing.canonical import namespace_salt, render
+from routing.config import RoutingConfig
+from routing.hashing import block_hashes
+from routing.ledger import OpenTickets
+from routing.policies.factory import build_policy
+from routing.prompt import PromptRequest, TokenPrompt
+from routing.rates import RateBook
+from routing.status import RouterStatus, router_status
+from routing.tokens import Estimate, TokenEstimator
+from routing.ttft import predict_ttft
+from routing.types import (
+    NO_MATCH,
+    BlockHash,
+    Candidate,
+    Decision,
+    Prediction,
+    Reason,
+    ReplicaId,
+    ReplicaState,
+    Report,
+    RoutingRequest,
+    TtftTerms,
+)
+
+MAX_OPEN = 8192  # tickets open at once; the oldest beyond are settled as if they ran
+RESIZE_FRACTION = 0.1  # the cache model is re-sized when the token estimate moves by more than this
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One routed request on one replica, from ``route`` (or ``retarget``) to ``finish``."""
+
+    serial: int
+    request: RoutingRequest
+    decision: Decision
+    prediction: Prediction
+    candidates: tuple[Candidate, ...]  # the snapshot it was routed on, for retargeting
+    canonical_bytes: int = 0  # size of the rendered text prompt, 0 when there is nothing to learn from
+    recorded: Recorded | None = None
+    prompted: bool = True  # it had a prompt (a generation request), not a pass-through body
+
+    @property
+    def replica(self) -> ReplicaId:
+        return self.decision.replica
+
+
+class Router:
+    """See the module docstring."""
+
+    def __init__(self, cfg: RoutingConfig) -> None:
+        self.cfg = cfg
+        self.tokens = TokenEstimator(cfg.chars_per_token, cfg.block_chars)
+        self.rates = RateBook(cfg)
+        self.cache = CacheModel(cfg, self.tokens.block_tokens())
+        self.policy = build_policy(cfg, self.rates)
+        self._open: OpenTickets[Ticket] = OpenTickets(MAX_OPEN)
+        self._serial = 0
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    def route(self, req: PromptRequest, states: Sequence[ReplicaState]) -> Ticket:
+        """Decides and records; raises ``routing.pipeline.NoCandidates`` when no replica can serve."""
+        rreq, size = self._prepare(req)
+        self.cache.sync(states)
+        matches = self.cache.match(rreq, states)
+        found = matches.get
+        cands = tuple([Candidate(s, found(s.id, NO_MATCH)) for s in states])
+        choice = self.policy.decide(rreq, cands)
+        prompted = req.prompt is not None
+        return self._open_ticket(rreq, choice.decision, cands, size, prompted, choice.chosen.terms)
+
+    def retarget(self, ticket: Ticket, replica: ReplicaId) -> Ticket:
+        """The request moves to ``replica`` (a retry): the old record never ran and is rolled back."""
+        if self._open.close(ticket.serial) is not None and ticket.recorded is not None:
+            self.cache.settle(ticket.recorded, Report(ok=False))
+        decision = replace(ticket.decision, replica=replica, reason=Reason.FALLBACK)
+        return self._open_ticket(
+            ticket.request, decision, ticket.candidates, ticket.canonical_bytes, ticket.prompted
+        )
+
+    def finish(self, ticket: Ticket, report: Report) -> None:
+        """Learns from what the replica reported; a ticket already finished or retargeted is ignored."""
+        if self._open.close(ticket.serial) is None:
+            return
+        if ticket.recorded is not None:
+            self.cache.settle(ticket.recorded, report)
+        if not report.ok or not ticket.prompted:
+            return
+        if ticket.canonical_bytes:
+            self._learn_tokens(ticket.canonical_bytes, report.prompt_tokens)
+        self.rates.observe(ticket.request, ticket.prediction, report)
+
+    def forget(self, replica: ReplicaId) -> None:
+        """The replica left the fleet: drop everything known of it."""
+        self.cache.forget(replica)
+        self.rates.forget(replica)
+        self.policy.forget(replica)
+
+    def restart(self, replica: ReplicaId) -> None:
+        """Its GPU and host tiers are gone (a restart, a cache flush); storage, rates and sessions stay."""
+        self.cache.restart(replica)
+        self.policy.restart(replica)
+
+    def accuracy(self) -> Mapping[ReplicaId, AccuracyStats]:
+        return self.cache.accuracy()
+
+    def status(self) -> RouterStatus:
+        return router_status(self, len(self._open))
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _prepare(self, req: PromptRequest) -> tuple[RoutingRequest, int]:
+        """The routing request of a typed prompt, and the canonical bytes to learn tokens from."""
+        cfg, salt = self.cfg, namespace_salt(req.namespace)
+        hashes: tuple[BlockHash, ...]
+        if req.prompt is None:
+            est, hashes, learn = self.tokens.text(req.size_bytes), (), 0
+        else:
+            data = render(req.prompt).encode()
+            hashes = block_hashes(req.model, data, salt, cfg.block_chars, cfg.max_blocks)
+            est, learn = self._estimate(req, data), len(data)
+            learn = 0 if est.exact else learn
+        rreq = RoutingRequest(
+            req.model, hashes, est.prompt_tokens, est.block_tokens, req.session, salt, req.max_new_tokens
+        )
+        return rreq, learn
+
+    def _estimate(self, req: PromptRequest, data: bytes) -> Estimate:
+        if isinstance(req.prompt, TokenPrompt):
+            return self.tokens.ids(len(req.prompt.ids), len(data))
+        return self.tokens.text(len(data))
+
+    def _open_ticket(
+        self,
+        rreq: RoutingRequest,
+        decision: Decision,
+        cands: tuple[Candidate, ...],
+        size: int,
+        prompted: bool,
+        terms: TtftTerms | None = None,
+    ) -> Ticket:
+        replica = decision.replica
+        cand = next((c for c in cands if c.state.id == replica), None) or Candidate(ReplicaState(replica))
+        terms = terms or predict_ttft(rreq, cand, self.rates.get(replica))
+        self.policy.chose(rreq, replica)
+        recorded = self.cache.record(rreq, replica)
+        self._serial += 1
+        prediction = Prediction(replica, cand.match, terms)
+        ticket = Ticket(self._serial, rreq, decision, prediction, cands, size, recorded, prompted)
+        for stale in self._open.add(ticket.serial, ticket):
+            if stale.recorded is not None:
+                self.cache.settle(stale.recorded, Report(ok=True))
+        return ticket
+
+    def _learn_tokens(self, size: int, reported: int | None) -> None:
+        self.tokens.observe(size, reported)
+        block_tokens = self.tokens.block_tokens()
+        sized = self.cache.block_tokens
+        if abs(block_tokens - sized) > RESIZE_FRACTION * sized:
+            self.cache.resize(block_tokens)

@@ -1,0 +1,84 @@
+"""A read-only view of the ``Router``'s state, for ``/status`` and debugging (plain values).
+
+Per replica: the blocks the cache model holds per tier and the tiers' capacities (in blocks and in
+engine tokens at the current estimate), the effective-capacity factors and the accuracy of its cached-token
+predictions (``routing.calibration``), and the learned rates (``routing.rates``). Fleet-wide: the
+policy, the token estimate, the blocks held over all replicas and the tickets still open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from routing.calibration import AccuracyStats
+from routing.tiers import BlockLru
+from routing.types import ReplicaId
+
+if TYPE_CHECKING:
+    from routing.router import Router
+
+
+@dataclass(frozen=True, slots=True)
+class TierView:
+    blocks: int
+    capacity_blocks: int
+    tokens: float  # blocks x the current tokens per block
+    capacity_tokens: float
+
+
+@dataclass(frozen=True, slots=True)
+class RatesView:
+    prefill_tokens_per_s: float
+    host_tokens_per_s: float
+    storage_tokens_per_s: float
+    overhead_s: float
+    service_s: float
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    gpu: TierView
+    host: TierView
+    storage: TierView
+    rates: RatesView
+    accuracy: AccuracyStats | None
+
+
+@dataclass(frozen=True, slots=True)
+class RouterStatus:
+    policy: str
+    bytes_per_token: float
+    block_tokens: float
+    blocks: int
+    open_tickets: int
+    replicas: dict[ReplicaId, ReplicaView]
+
+
+def _tier(lru: BlockLru, block_tokens: float) -> TierView:
+    return TierView(len(lru), lru.capacity, len(lru) * block_tokens, lru.capacity * block_tokens)
+
+
+def router_status(router: Router, open_tickets: int) -> RouterStatus:
+    cache, bt = router.cache, router.cache.block_tokens
+    accuracy = cache.accuracy()
+    replicas: dict[ReplicaId, ReplicaView] = {}
+    for rid in cache.replica_ids():
+        t = cache.tiers(rid)
+        if t is None:
+            continue
+        gpu, host, storage = (_tier(x, bt) for x in (t.gpu, t.host, t.storage))
+        r = router.rates.get(rid)
+        rates = RatesView(
+            r.prefill_tokens_per_s,
+            r.host_tokens_per_s,
+            r.storage_tokens_per_s,
+            r.overhead_s,
+            r.service_s,
+            r.samples,
+        )
+        replicas[rid] = ReplicaView(gpu, host, storage, rates, accuracy.get(rid))
+    return RouterStatus(
+        router.name, router.tokens.bytes_per_token, bt, cache.blocks(), open_tickets, replicas
+    )

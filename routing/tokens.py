@@ -1,0 +1,65 @@
+"""One token estimator: engine tokens from canonical prompt bytes, learned from what replicas report.
+
+The gateway never tokenizes. A text prompt's engine token count is estimated as
+``canonical bytes / bytes_per_token``, and so is the size of a hashed block
+(``block_tokens = block_chars / bytes_per_token``). ``bytes_per_token`` starts at
+``RoutingConfig.chars_per_token`` and follows every reported ``usage.prompt_tokens`` (a robust running
+estimate: a sample is clipped to [0.5x, 2x] of the current value, then ``value += a (sample - value)``
+with ``a = max(0.2, 1 / n)`` for the n-th sample, a plain mean of the first five and an EWMA after, then
+bounded to [0.2x, 5x] of the start, ``routing.rates.robust_update``). The estimate is a property of the
+model's tokenizer and chat template, the same on every replica, so the first reports are trusted fully.
+The chat template's own tokens (role headers, separators) are part of what is learned, so the estimate
+is of *engine* tokens.
+
+Token-id prompts need no estimate: their count is exact, and their block size is the prompt's own
+average (``block_chars x ids / canonical bytes``); they teach the estimator nothing.
+
+It is the only place that converts between bytes and tokens: the cache model keeps capacities in
+engine tokens and converts them to blocks with ``block_tokens()`` when it sizes its tiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from routing.rates import ALPHA, robust_update
+
+MIN_SAMPLE_TOKENS = 16  # shorter prompts are dominated by template overhead: not learned from
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    prompt_tokens: int  # engine tokens of the prompt
+    block_tokens: float  # engine tokens per full block
+    exact: bool = False  # a token-id prompt: nothing to learn from its report
+
+
+class TokenEstimator:
+    """Bytes of canonical prompt per engine token (see the module docstring)."""
+
+    def __init__(self, start: float, block_chars: int) -> None:
+        self._start = start
+        self._block_chars = block_chars
+        self.bytes_per_token = start
+        self.samples = 0
+
+    def block_tokens(self) -> float:
+        return self._block_chars / self.bytes_per_token
+
+    def text(self, size_bytes: int) -> Estimate:
+        """The estimate for a text prompt (or a body without a prompt) of ``size_bytes`` bytes."""
+        return Estimate(max(1, round(size_bytes / self.bytes_per_token)), self.block_tokens())
+
+    def ids(self, count: int, size_bytes: int) -> Estimate:
+        """A token-id prompt of ``count`` ids rendered to ``size_bytes`` canonical bytes."""
+        per_token = size_bytes / count if count and size_bytes else self.bytes_per_token
+        return Estimate(max(1, count), self._block_chars / per_token, exact=True)
+
+    def observe(self, size_bytes: int, reported_tokens: int | None) -> None:
+        """One text prompt's canonical size against the ``usage.prompt_tokens`` its replica reported."""
+        if not reported_tokens or reported_tokens < MIN_SAMPLE_TOKENS or size_bytes <= 0:
+            return
+        self.samples += 1
+        alpha = max(ALPHA, 1.0 / self.samples)
+        sample = size_bytes / reported_tokens
+        self.bytes_per_token = robust_update(self.bytes_per_token, sample, self._start, alpha)

@@ -2,15 +2,17 @@
 
     python -m bench.micro_routing [--replicas 4] [--blocks 10000000] [--repeat 50]
 
-1. **Hash + match**: a 128K-token chat prompt (~512 KB of canonical text at 4 bytes per token) is
-   rendered, hashed into 256-byte blocks and matched against every replica of a cache model where one
-   replica holds the whole prompt on GPU (a full-length scan) and the others hold its first half on
-   host; also the whole ``route`` of the cost policy. Median and p99 over ``--repeat`` runs.
+1. **Hash + match + route**: a 128K-token chat prompt (~512 KB of canonical text at 4 bytes per token)
+   goes through ``Router.route`` (render, hash into 256-byte blocks, sync, match every replica, the
+   cost policy's decision, record) and ``finish``, on fleets of ``--replicas`` sizes (default 4, 16, 64,
+   256) where one replica holds the whole prompt on GPU and every other one its first half on host
+   (a GPU run and a host run to find on every replica). Median and p99 over ``--repeat`` runs.
 2. **Memory**: the resident-set growth of a ``CacheModel`` filled with ``--blocks`` distinct blocks
    spread over ``--replicas`` write_back replicas (GPU + host tiers), per block and in total.
    (Measured with /proc/self/status VmRSS on Linux, tracemalloc elsewhere.)
 
-Targets (issue 5): hash + match of 128K tokens <= 1 ms; 10M blocks <= 1 GB.
+Targets (issues 5 and 9): hash + match + route of 128K tokens <= 1 ms at 16 replicas and <= 2 ms at
+256; 10M blocks <= 1 GB.
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+from proxy.malloc import tune_malloc
 from routing.cache_model import CacheModel
-from routing.canonical import canonical_prompt
+from routing.canonical import render
 from routing.config import RoutingConfig
 from routing.hashing import block_hashes
-from routing.pipeline import Outcome
-from routing.policies.cost import CostPolicy
-from routing.types import Candidate, Decision, Reason, ReplicaState, RoutingRequest
+from routing.prompt import ChatPrompt, Message, PromptRequest
+from routing.router import Router
+from routing.types import ReplicaState, Report, RoutingRequest
 
 PROMPT_TOKENS = 128 * 1024
 
@@ -57,65 +60,50 @@ def _timed(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
     return statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))]
 
 
-def bench_hot_path(replicas: int, repeat: int) -> None:
-    cfg = RoutingConfig()
-    rng = random.Random(1)
-    body = {
-        "model": "m",
-        "messages": [
-            {"role": "system", "content": _words(rng, 4000)},
-            {"role": "user", "content": _words(rng, PROMPT_TOKENS * 4 - 4000)},
-        ],
-    }
-    path = "/v1/chat/completions"
-    text = canonical_prompt(path, body)
-    hashes = block_hashes("m", text, "", cfg.block_chars, cfg.max_blocks)
-    req = RoutingRequest("m", hashes, prompt_tokens=len(text) // 4, block_tokens=cfg.block_chars / 4)
+def _prompt(rng: random.Random) -> PromptRequest:
+    system = Message("system", _words(rng, 4000))
+    user = Message("user", _words(rng, PROMPT_TOKENS * 4 - 4000))
+    return PromptRequest("m", ChatPrompt((system, user)))
+
+
+def _fleet(router: Router, req: PromptRequest, replicas: int) -> list[ReplicaState]:
+    """r0 holds the whole prompt on GPU, every other replica its first half on host only."""
     states = [
         ReplicaState(id=f"r{i}", gpu_tokens=10_000_000, host_tokens=20_000_000, write_policy="write_back")
         for i in range(replicas)
     ]
-    model = CacheModel(cfg)
-    model.sync(states)
-    model.record(req, Decision(replica="r0", reason=Reason.LEAST_COST))
-    for s in states[1:]:  # one request object per replica: recording the same one again is a retry
-        half = RoutingRequest("m", hashes[: len(hashes) // 2], req.prompt_tokens // 2, req.block_tokens)
-        model.record(half, Decision(replica=s.id, reason=Reason.LEAST_COST))
-        tiers = model.tiers(s.id)
+    router.cache.sync(states)
+    hashes = router.route(req, states[:1]).request.block_hashes
+    for s in states[1:]:
+        tiers = router.cache.tiers(s.id)
         assert tiers is not None
-        for h in half.block_hashes:  # move the half to host: a host-tier run to scan as well
-            tiers.host.touch(h)
-        tiers.gpu.clear()
-    policy = CostPolicy(cfg)
+        tiers.host.touch_all(hashes[: len(hashes) // 2][::-1])
+    return states
 
-    def hash_only() -> object:
-        return block_hashes("m", text, "", cfg.block_chars, cfg.max_blocks)
 
-    def hash_and_match() -> object:
-        h = block_hashes("m", text, "", cfg.block_chars, cfg.max_blocks)
-        r = RoutingRequest("m", h, req.prompt_tokens, req.block_tokens)
-        return model.match(r, states)
+def bench_hot_path(replicas: int, repeat: int) -> dict[str, float]:
+    """Median ms of hashing and of the whole ``Router.route`` (+ finish) of one 128K-token prompt."""
+    cfg = RoutingConfig()
+    router = Router(cfg)
+    req = _prompt(random.Random(1))
+    text = render(req.prompt).encode()
+    states = _fleet(router, req, replicas)
 
-    def full_route() -> object:
-        h = block_hashes("m", text, "", cfg.block_chars, cfg.max_blocks)
-        r = RoutingRequest("m", h, req.prompt_tokens, req.block_tokens)
-        m = model.match(r, states)
-        return policy.route(r, [Candidate(s, m[s.id]) for s in states])
+    def route() -> object:
+        ticket = router.route(req, states)
+        router.finish(ticket, Report(ok=True))
+        return ticket
 
+    hash_ms, _ = _timed(lambda: block_hashes("m", text, "", cfg.block_chars, cfg.max_blocks), repeat)
+    route_ms, route_p99 = _timed(route, repeat)
+    ticket = router.route(req, states)
+    m = {c.state.id: c.match for c in ticket.candidates}
     print(
-        f"prompt: {len(text):,} bytes canonical, {len(hashes)} blocks of {cfg.block_chars} B, "
-        f"{replicas} replicas"
+        f"{replicas:>4} replicas: hash {hash_ms:6.3f} ms   hash + match + route {route_ms:6.3f} ms "
+        f"(p99 {route_p99:6.3f})   r0 {m['r0'].gpu_tokens:,.0f} GPU tokens, "
+        f"r1 {m['r1'].host_tokens if 'r1' in m else 0:,.0f} host tokens"
     )
-    for name, fn in (
-        ("render canonical", lambda: canonical_prompt(path, body)),
-        ("hash", hash_only),
-        ("hash + match", hash_and_match),
-        ("hash + match + route", full_route),
-    ):
-        med, p99 = _timed(fn, repeat)
-        print(f"  {name:<22} median {med:7.3f} ms   p99 {p99:7.3f} ms")
-    m = model.match(req, states)
-    print(f"  match r0: {m['r0']}   r1: {m['r1']}")
+    return {"replicas": replicas, "hash_ms": hash_ms, "route_ms": route_ms, "route_p99_ms": route_p99}
 
 
 def _rss_mb() -> float | None:
@@ -142,7 +130,7 @@ def bench_memory(replicas: int, blocks: int) -> None:
     if not use_rss:
         tracemalloc.start()
     before = _rss_mb() or 0.0
-    model = CacheModel(cfg)
+    model = CacheModel(cfg, block_tokens=1.0)
     model.sync(states)
     rng = random.Random(2)
     chunk = 4096
@@ -150,9 +138,9 @@ def bench_memory(replicas: int, blocks: int) -> None:
     for i in range(0, blocks, chunk):
         hashes = tuple(rng.getrandbits(64) for _ in range(chunk))
         r = RoutingRequest("m", hashes, prompt_tokens=chunk + 1, block_tokens=1.0)
-        d = Decision(replica=states[(i // chunk) % replicas].id, reason=Reason.LEAST_COST)
-        model.record(r, d)
-        model.observe(Outcome(request=r, decision=d, ok=True, prompt_tokens=chunk + 1, cached_tokens=0))
+        rec = model.record(r, states[(i // chunk) % replicas].id)
+        assert rec is not None
+        model.settle(rec, Report(ok=True, prompt_tokens=chunk + 1, cached_tokens=0))
     fill_s = time.perf_counter() - t0
     gc.collect()
     if use_rss:
@@ -190,14 +178,18 @@ def _live_bytes(model: CacheModel, states: list[ReplicaState]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--replicas", default="4,16,64,256", help="fleet sizes for the hot path")
+    ap.add_argument("--memory-replicas", type=int, default=4)
     ap.add_argument("--blocks", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args(argv)
-    bench_hot_path(args.replicas, args.repeat)
+    tuned = tune_malloc()  # as ``kvroute serve`` does at start (proxy/malloc.py)
+    print(f"glibc malloc thresholds raised: {tuned}")
+    for n in (int(x) for x in args.replicas.split(",")):
+        bench_hot_path(n, args.repeat)
     if not args.skip_memory:
-        bench_memory(args.replicas, args.blocks)
+        bench_memory(args.memory_replicas, args.blocks)
     return 0
 
 

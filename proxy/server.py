@@ -21,6 +21,7 @@ from aiohttp import web
 from proxy import admin, handlers
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
+from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
@@ -107,6 +108,7 @@ def main(argv: list[str]) -> int:
     if not settings.backends:
         log.warning("no --backend given: add replicas through the admin API")
     _install_uvloop()
+    tune_malloc()
     web.run_app(
         app,
         host=settings.host,

@@ -46,9 +46,11 @@ from dataclasses import dataclass
 
 import xxhash
 
+from emulator.cache_values import Admission, CacheConfig, CacheStats, Lock, MatchResult
 from emulator.hybrid import Anchors
+from emulator.radix_node import Node
+from emulator.radix_tree import Tree
 from emulator.storage import PageHash, chain_hashes
-from emulator.tiers import Admission, CacheConfig, CacheStats, Lock, MatchResult, Node, Tree
 
 __all__ = ["Admission", "CacheConfig", "CacheStats", "MatchResult", "RadixCache"]
 

@@ -9,14 +9,17 @@ cumulative text and output_ids in every event, then `[DONE]`. Errors are `{"erro
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from emulator import sse
 from emulator.errors import ApiError, check_context, is_token_list, json_response, native_error, read_json
-from emulator.replica import REPLICA, Job, Replica, Run, Sse, StreamCut, debug_headers, new_rid, take_fault
+from emulator.fault_hook import request_fault
+from emulator.replica import REPLICA, Job, Replica, Run, debug_headers, new_rid
 from emulator.sampler import Completion, Sampling
 
 WEIGHT_VERSION = "default"
@@ -101,14 +104,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
         job = parse_generate(await read_json(request, require_json_type=False), replica)
     except ApiError as err:
         return native_error(err.status, err.message)
-    fault = await take_fault(replica, job.stream)
-    if fault is not None and fault.kind == "fail":
-        return native_error(fault.status, f"Emulated fault: {HTTPStatus(fault.status).phrase}.")
-    cut = fault.after_chunks if fault is not None and fault.kind == "cut_stream" else None
+    fault = await request_fault(replica.armed_faults, job.stream)
+    if fault.fail_status is not None:
+        return native_error(fault.fail_status, f"Emulated fault: {HTTPStatus(fault.fail_status).phrase}.")
     comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
     async with replica.open(request, job, comps) as run:
         if job.stream:
-            return await _stream(request, replica, job, run, comps, cut)
+            events = _events(job, run, comps)
+            return await sse.stream(request, debug_headers(replica), fault.cut_after, events)
         await run.wait()
         if run.failure is not None:
             return native_error(run.failure.status, run.failure.message)
@@ -117,24 +120,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return json_response(outs if many else outs[0], headers=debug_headers(replica))
 
 
-async def _stream(
-    request: web.Request, replica: Replica, job: Job, run: Run, comps: tuple[Completion, ...], cut: int | None
-) -> web.StreamResponse:
-    sse = await Sse.start(request, debug_headers(replica), cut)
+async def _events(job: Job, run: Run, comps: tuple[Completion, ...]) -> AsyncGenerator[bytes, None]:
+    """One cumulative result per choice whenever it has new tokens (the first once it has any, or at once
+    when it ends with none); an engine failure is one error event."""
     sent = [-1] * len(comps)
     many = len(comps) > 1
-    try:
-        async for _event in run.events():
-            if run.failure is not None:
-                await sse.send(orjson.dumps({"error": {"message": run.failure.message}}))
-                break
-            for i, count in enumerate(run.counts):
-                if count > sent[i] and (count > 0 or count >= len(comps[i].ids)):
-                    sent[i] = count
-                    await sse.send(orjson.dumps(result(job, run, comps[i], count, i if many else None)))
-        return await sse.done()
-    except StreamCut:
-        return sse.response
+    async for _event in run.events():
+        if run.failure is not None:
+            yield orjson.dumps({"error": {"message": run.failure.message}})
+            return
+        for i, count in enumerate(run.counts):
+            if count > sent[i] and (count > 0 or count >= len(comps[i].ids)):
+                sent[i] = count
+                yield orjson.dumps(result(job, run, comps[i], count, i if many else None))
 
 
 async def tokenize(request: web.Request) -> web.Response:

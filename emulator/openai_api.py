@@ -14,6 +14,7 @@ last content chunk for completions, an optional usage chunk, then `[DONE]`.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -22,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from emulator import openai_shapes as shapes
+from emulator import sse
 from emulator.errors import (
     ApiError,
     check_context,
@@ -31,7 +33,8 @@ from emulator.errors import (
     json_response,
     read_json,
 )
-from emulator.replica import REPLICA, Job, Replica, Sse, StreamCut, debug_headers, new_rid, take_fault
+from emulator.fault_hook import request_fault
+from emulator.replica import REPLICA, Job, Replica, debug_headers, new_rid
 from emulator.sampler import Completion, Sampling
 from emulator.tokenizer import apply_chat_template
 
@@ -199,13 +202,13 @@ async def _handle(request: web.Request, parse: Any) -> web.StreamResponse:
         job, plan = parse(await read_json(request), replica)
     except ApiError as err:
         return flat_error(err.status, err.message, err.type)
-    fault = await take_fault(replica, job.stream)
-    if fault is not None and fault.kind == "fail":
-        return flat_error(fault.status, "Emulated fault.", HTTPStatus(fault.status).phrase)
-    cut = fault.after_chunks if fault is not None and fault.kind == "cut_stream" else None
+    fault = await request_fault(replica.armed_faults, job.stream)
+    if fault.fail_status is not None:
+        return flat_error(fault.fail_status, "Emulated fault.", HTTPStatus(fault.fail_status).phrase)
     async with replica.open(request, job, plan.completions) as run:
         if job.stream:
-            return await _stream(request, replica, run, plan, cut)
+            events = _events(run, plan, replica.cfg.enable_cache_report)
+            return await sse.stream(request, debug_headers(replica), fault.cut_after, events)
         await run.wait()
         if run.failure is not None:
             return flat_error(run.failure.status, run.failure.message, HTTPStatus(run.failure.status).phrase)
@@ -213,15 +216,8 @@ async def _handle(request: web.Request, parse: Any) -> web.StreamResponse:
         return json_response(body, headers=debug_headers(replica))
 
 
-async def _stream(
-    request: web.Request, replica: Replica, run: Any, plan: Plan, cut: int | None
-) -> web.StreamResponse:
-    sse = await Sse.start(request, debug_headers(replica), cut)
-    writer = shapes.ChunkWriter(plan, run, replica.cfg.enable_cache_report)
-    try:
-        async for event in run.events():
-            for chunk in writer.on_event(event):
-                await sse.send(orjson.dumps(chunk))
-        return await sse.done()
-    except StreamCut:
-        return sse.response
+async def _events(run: Any, plan: Plan, report: bool) -> AsyncGenerator[bytes, None]:
+    writer = shapes.ChunkWriter(plan, run, report)
+    async for event in run.events():
+        for chunk in writer.on_event(event):
+            yield orjson.dumps(chunk)

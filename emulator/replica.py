@@ -4,7 +4,8 @@
 the engine limits). Route handlers turn a parsed request into a `Job`, sample its outputs, call
 `Replica.open(request, job, completions)` and read `Run.events()`; leaving the `Run` context before the
 request finished (client gone: aiohttp cancels the handler) aborts it in the engine and counts it in
-num_aborted_requests_total, as SGLang does. `Sse` writes event streams (and cuts them on a fault).
+num_aborted_requests_total, as SGLang does. Streams are written by sse.py, faults applied by
+fault_hook.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aiohttp import web
 
 from emulator.config import EmulatorConfig
 from emulator.engine import Engine
-from emulator.faults import Fault, Faults
+from emulator.faults import Faults
 from emulator.metrics import Metrics
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
@@ -114,6 +115,11 @@ class Replica:
     def set_slow(self, factor: float) -> None:
         self.engine.slow_factor = factor
 
+    @property
+    def armed_faults(self) -> Faults | None:
+        """The fault state when faults are enabled (--emu-enable-faults), else None."""
+        return self.faults if self.cfg.emu_enable_faults else None
+
     def open(self, request: web.Request, job: Job, completions: tuple[Completion, ...]) -> Run:
         """Submit the job; its modelled timeline starts when the request arrived (not after parsing)."""
         outputs = tuple(c.ids for c in completions)
@@ -177,50 +183,6 @@ class Run:
         if self.first is not None and total > len(self.counts):
             itl = (now - self.first) / scale / max(1, max(self.counts) - 1)
         self.replica.metrics.on_finish(ttft, (now - self.started) / scale, itl)
-
-
-class StreamCut(Exception):
-    """Raised by Sse.send when a cut_stream fault closes the connection."""
-
-
-class Sse:
-    """Writes `data: <json>` events; closes the connection after `cut_after` events (a fault)."""
-
-    def __init__(self, request: web.Request, response: web.StreamResponse, cut_after: int | None) -> None:
-        self.request = request
-        self.response = response
-        self.cut_after = cut_after
-        self.sent = 0
-
-    @classmethod
-    async def start(cls, request: web.Request, headers: dict[str, str], cut_after: int | None) -> Sse:
-        response = web.StreamResponse(headers={"Cache-Control": "no-cache", **headers})
-        response.content_type = "text/event-stream"
-        await response.prepare(request)
-        return cls(request, response, cut_after)
-
-    async def send(self, payload: bytes) -> None:
-        if self.cut_after is not None and self.sent >= self.cut_after:
-            if self.request.transport is not None:
-                self.request.transport.close()
-            raise StreamCut
-        await self.response.write(b"data: " + payload + b"\n\n")
-        self.sent += 1
-
-    async def done(self) -> web.StreamResponse:
-        await self.send(b"[DONE]")
-        await self.response.write_eof()
-        return self.response
-
-
-async def take_fault(replica: Replica, streaming: bool) -> Fault | None:
-    """The fault armed for this request; a "hang" never returns (until the client leaves)."""
-    if not replica.cfg.emu_enable_faults:
-        return None
-    fault = replica.faults.take(streaming)
-    if fault is not None and fault.kind == "hang":
-        await asyncio.Event().wait()
-    return fault
 
 
 def debug_headers(replica: Replica) -> dict[str, str]:

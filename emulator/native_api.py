@@ -19,10 +19,8 @@ from aiohttp import web
 from emulator import sse
 from emulator.errors import ApiError, check_context, is_token_list, json_response, native_error, read_json
 from emulator.fault_hook import request_fault
-from emulator.replica import REPLICA, Job, Replica, Run, debug_headers, new_rid
+from emulator.replica import REPLICA, WEIGHT_VERSION, Job, Replica, Run, debug_headers, new_rid
 from emulator.sampler import Completion, Sampling
-
-WEIGHT_VERSION = "default"
 
 
 def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
@@ -69,8 +67,7 @@ def finish_reason(comp: Completion, count: int) -> dict[str, Any] | None:
 
 def result(job: Job, run: Run, comp: Completion, count: int, index: int | None) -> dict[str, Any]:
     finish = finish_reason(comp, count)
-    pre = run.prefilled
-    cached = pre.cached_tokens if pre is not None else 0
+    cached = run.cached_tokens
     meta: dict[str, Any] = {
         "id": job.rid,
         "finish_reason": finish,
@@ -81,11 +78,8 @@ def result(job: Job, run: Run, comp: Completion, count: int, index: int | None) 
         "reasoning_tokens": 0,
         "cached_tokens": cached,
     }
-    if pre is not None and cached > 0:
-        details: dict[str, Any] = {"device": pre.device, "host": pre.host}
-        if run.replica.cfg.hicache_storage_backend:
-            details |= {"storage": pre.storage, "storage_backend": "HiCacheFile"}
-        meta["cached_tokens_details"] = details
+    if cached > 0:
+        meta["cached_tokens_details"] = run.cached_details()
     if finish is not None:
         meta["e2e_latency"] = run.elapsed()
     out: dict[str, Any] = {

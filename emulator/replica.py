@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
@@ -31,6 +32,7 @@ from emulator.timing import PROFILES, ProfileTiming
 from emulator.tokenizer import PseudoTokenizer
 
 STORAGE_CAPACITY_TOKENS = 50_000_000
+WEIGHT_VERSION = "default"  # /model_info, meta_info and the OpenAI bodies' metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,21 @@ class Run:
             elif isinstance(event, Failed):
                 self.failure = event
             yield event
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.prefilled.cached_tokens if self.prefilled is not None else 0
+
+    def cached_details(self) -> dict[str, Any] | None:
+        """SGLang's cached_tokens_details: `{device, host}`, plus `storage` and `storage_backend` with an
+        L3 backend; None before admission."""
+        pre = self.prefilled
+        if pre is None:
+            return None
+        details: dict[str, Any] = {"device": pre.device, "host": pre.host}
+        if self.replica.cfg.hicache_storage_backend:
+            details |= {"storage": pre.storage, "storage_backend": "HiCacheFile"}
+        return details
 
     def elapsed(self) -> float:
         """Modelled seconds since the request arrived."""

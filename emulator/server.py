@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from emulator import fault_hook, info_api, native_api, openai_api
+from emulator import fault_hook, info_api, native_api, openai_api, openai_request
 from emulator.config import EmulatorConfig
 from emulator.errors import ApiError, flat_error, json_response, native_error, read_json
 from emulator.faults import FaultError
@@ -176,9 +176,9 @@ async def emu_predict(request: web.Request) -> web.Response:
         if not isinstance(inner, dict):
             raise ApiError("body must be an object")
         if path == "/v1/chat/completions":
-            job = openai_api.parse_chat(inner, replica)[0]
+            job = openai_request.parse_chat(inner, replica)[0]
         elif path == "/v1/completions":
-            job = openai_api.parse_completion(inner, replica)[0]
+            job = openai_request.parse_completion(inner, replica)[0]
         elif path == "/generate":
             job = native_api.parse_generate(inner, replica)
         else:

@@ -21,6 +21,7 @@ from emulator.errors import ApiError, check_context, is_token_list, json_respons
 from emulator.fault_hook import request_fault
 from emulator.replica import REPLICA, WEIGHT_VERSION, Job, Replica, Run, debug_headers, new_rid
 from emulator.sampler import Completion, Sampling
+from emulator.structured_output import generate_grammar
 
 
 def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
@@ -37,7 +38,8 @@ def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
     if not isinstance(n, int) or n < 1:
         raise ApiError("n must be at least 1")
     seed = params.get("sampling_seed")
-    sampling = Sampling(max_new=max_new, stop=stops, n=n, seed=seed if isinstance(seed, int) else None)
+    seed = seed if isinstance(seed, int) else None
+    sampling = Sampling(max_new=max_new, stop=stops, n=n, seed=seed, grammar=generate_grammar(params))
     check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
     extra_key = body.get("extra_key")
     if extra_key is not None and not isinstance(extra_key, str):
@@ -96,12 +98,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
     replica = request.app[REPLICA]
     try:
         job = parse_generate(await read_json(request, require_json_type=False), replica)
+        comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
     except ApiError as err:
         return native_error(err.status, err.message)
     fault = await request_fault(replica.armed_faults, job.stream)
     if fault.fail_status is not None:
         return native_error(fault.fail_status, f"Emulated fault: {HTTPStatus(fault.fail_status).phrase}.")
-    comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
     async with replica.open(request, job, comps) as run:
         if job.stream:
             events = _events(job, run, comps)

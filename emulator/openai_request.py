@@ -17,6 +17,7 @@ from typing import Any
 from emulator.errors import ApiError, check_context, invalid, is_token_list
 from emulator.replica import Job, Replica, new_rid
 from emulator.sampler import Completion, Sampling
+from emulator.structured_output import openai_grammar
 from emulator.tokenizer import apply_chat_template
 from emulator.tool_calls import tool_call, tool_target
 
@@ -74,8 +75,8 @@ def _sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -
     n = _int(body, "n", model, 1) or 1
     if n < 1:
         raise ApiError("n must be at least 1")
-    seed = _int(body, "seed", model)
-    return Sampling(max_new=max_new, stop=_stops(body, model), n=n, seed=seed, top_logprobs=top)
+    seed, stop, grammar = _int(body, "seed", model), _stops(body, model), openai_grammar(body, model)
+    return Sampling(max_new=max_new, stop=stop, n=n, seed=seed, top_logprobs=top, grammar=grammar)
 
 
 def parse_chat(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
@@ -103,7 +104,7 @@ def parse_chat(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
     calls: list[dict[str, Any] | None] = []
     for i in range(sampling.n):
         if target is not None:
-            call, comp = tool_call(replica.tokenizer, target, prompt, i)
+            call, comp = tool_call(replica.sampler, target, prompt, sampling.seed, i)
             calls.append(call)
             comps.append(comp)
         else:

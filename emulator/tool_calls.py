@@ -4,8 +4,9 @@ model's `<tool_call>` output).
 `tool_target` picks the function: none when no parser is set, no tools are given or tool_choice is
 "none"; the named one for `{"type": "function", "function": {"name": ...}}` (400 if absent); the first
 tool when tool_choice is "required" or the last message is from the user; otherwise none (after a tool
-result the model answers in text). `tool_call` builds one call with arguments generated from the
-function's parameters schema and the raw output the parser would have read,
+result the model answers in text). `tool_call` builds one call with arguments drawn from the
+function's parameters schema (json_instances.py: schema-valid, seeded per request like the sampler) and
+the raw output the parser would have read,
 `<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`, tokenized by the emulator's tokenizer
 (finish reason "tool_calls").
 """
@@ -19,8 +20,8 @@ from typing import Any
 import xxhash
 
 from emulator.errors import ApiError
-from emulator.sampler import Completion
-from emulator.tokenizer import PseudoTokenizer
+from emulator.sampler import Completion, Sampler
+from emulator.structured_output import JsonGrammar
 
 
 def tool_target(body: dict[str, Any], parser: str | None, messages: Sequence[Any]) -> dict[str, Any] | None:
@@ -29,7 +30,9 @@ def tool_target(body: dict[str, Any], parser: str | None, messages: Sequence[Any
     choice = body.get("tool_choice", "auto")
     if not parser or not isinstance(tools, list) or not tools or choice == "none":
         return None
-    functions = [t.get("function", {}) for t in tools if isinstance(t, dict)]
+    functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    if not functions:
+        return None
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         for fn in functions:
@@ -42,34 +45,14 @@ def tool_target(body: dict[str, Any], parser: str | None, messages: Sequence[Any
     return None
 
 
-def _value(name: str, schema: Any) -> Any:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    if isinstance(schema, dict) and schema.get("enum"):
-        return schema["enum"][0]
-    if kind == "integer":
-        return 1 + xxhash.xxh32_intdigest(name.encode()) % 100
-    if kind == "number":
-        return round(1.5 + xxhash.xxh32_intdigest(name.encode()) % 100, 1)
-    if kind == "boolean":
-        return True
-    if kind == "array":
-        return [_value(name, schema.get("items", {}))] if schema.get("items") else []
-    if kind == "object":
-        return _arguments(schema)
-    return f"{name}-{xxhash.xxh32_hexdigest(name.encode())[:6]}"
-
-
-def _arguments(schema: Any) -> dict[str, Any]:
-    props = schema.get("properties", {}) if isinstance(schema, dict) else {}
-    return {key: _value(key, sub) for key, sub in sorted(props.items())}
-
-
 def tool_call(
-    tokenizer: PseudoTokenizer, fn: dict[str, Any], prompt: Sequence[int], choice: int
+    sampler: Sampler, fn: dict[str, Any], prompt: Sequence[int], seed: int | None, choice: int
 ) -> tuple[dict[str, Any], Completion]:
-    """One call to `fn` with arguments built from its parameters schema, and its raw model output."""
+    """One call to `fn` with arguments drawn from its parameters schema (json_instances.py, with the
+    choice's own RNG, so they are schema-valid and deterministic), and the raw model output."""
     name = str(fn.get("name", "tool"))
-    args = json.dumps(_arguments(fn.get("parameters", {})), ensure_ascii=False)
+    params = fn.get("parameters") or {"type": "object"}
+    args = JsonGrammar(params).draw(sampler.rng(prompt, seed, choice))
     digest = xxhash.xxh64(f"{name}:{choice}:{len(prompt)}:{prompt[-8:]}".encode()).hexdigest()
     call = {
         "id": f"call_{digest}",
@@ -77,9 +60,9 @@ def tool_call(
         "type": "function",
         "function": {"name": name, "arguments": args},
     }
-    raw = f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
-    ids = tuple(tokenizer.encode(raw))
-    pieces = tuple(tokenizer.decode([i]) for i in ids)
+    raw = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
+    ids = tuple(sampler.tokenizer.encode(raw))
+    pieces = tuple(sampler.tokenizer.decode([i]) for i in ids)
     zero = tuple(0.0 for _ in ids)
     top = tuple(((p, 0.0),) for p in pieces)
     return call, Completion(ids, pieces, raw, "tool_calls", None, zero, top)

@@ -1,11 +1,14 @@
-"""/v1/chat/completions and /v1/completions requests: SGLang 0.5.10's rules (contract §2) → a Job + a Plan.
+"""/v1/chat/completions and /v1/completions requests: SGLang 0.5.10's rules (contract §2) → Jobs + a Plan.
 
 Chat renders `messages` (+ `tools`) with the ChatML template and tokenizes it; completions take `prompt`
-as a string or token ids. `max_completion_tokens or max_tokens` (0 = unset) for chat, `max_tokens`
-(default 16, must be positive) for completions; `n`, `stop`, `seed`, `logprobs`, `top_logprobs`,
-`stream_options`; the cache namespace is `cache_salt + extra_key`. Tool calls: see tool_calls.py. The
-outputs of every choice are sampled here, before the engine sees the request; the `Plan` holds them and
-everything else the response shapes (openai_shapes.py, openai_stream.py) need.
+as a string or token ids, or a list of those (a batch: one Job per prompt, as SGLang runs one request
+per prompt; choice `k * n + i` of the response is choice i of prompt k, and usage sums the prompts).
+`max_completion_tokens or max_tokens` (0 = unset) for chat, `max_tokens` (default 16, must be positive)
+for completions; `n`, `stop`, `seed`, `logprobs`, `top_logprobs`, `stream_options`, `response_format`
+and completions' `json_schema` (structured_output.py); the cache namespace is `cache_salt + extra_key`.
+Tool calls: see tool_calls.py. The outputs of every choice are sampled here, before the engine sees the
+request; the `Plan` holds them and everything else the response shapes (openai_shapes.py,
+openai_stream.py) need.
 """
 
 from __future__ import annotations
@@ -24,18 +27,23 @@ from emulator.tool_calls import tool_call, tool_target
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Everything a response needs besides the engine's events."""
+    """Everything a response needs besides the engine's events. Choices are flat over the prompts of a
+    batch: choice `k * n + i` is choice i of prompt k (the Job at index k)."""
 
     chat: bool
     model: str
     created: int
+    n: int
     completions: tuple[Completion, ...]
     logprobs: bool
     include_usage: bool
     continuous_usage: bool
     cache_details: bool
     tool_calls: tuple[dict[str, Any] | None, ...]
-    echo: str | None = None
+    echo: tuple[str, ...] | None = None  # completions with `echo`: each prompt's text
+
+
+Parsed = tuple[tuple[Job, ...], Plan]
 
 
 def _extra_key(body: dict[str, Any]) -> str | None:
@@ -79,7 +87,7 @@ def _sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -
     return Sampling(max_new=max_new, stop=stop, n=n, seed=seed, top_logprobs=top, grammar=grammar)
 
 
-def parse_chat(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
+def parse_chat(body: dict[str, Any], replica: Replica) -> Parsed:
     name = "ChatCompletionRequest"
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -110,49 +118,72 @@ def parse_chat(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
         else:
             calls.append(None)
             comps.append(replica.sampler.sample(prompt, sampling, i))
-    return _job(body, prompt, sampling), _plan(body, replica, True, tuple(comps), logprobs, tuple(calls))
+    plan = _plan(body, replica, True, sampling.n, tuple(comps), logprobs, tuple(calls))
+    return (_job(body, prompt, sampling, _rids(body, 1)[0]),), plan
 
 
-def parse_completion(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
+def parse_completion(body: dict[str, Any], replica: Replica) -> Parsed:
+    """One Job per prompt of a batch (`prompt` a list of strings or of token-id lists), n choices each."""
     name = "CompletionRequest"
     if "prompt" not in body:
         raise invalid("prompt", name, "Field required [type=missing]")
-    prompt_text, prompt = _prompt(body["prompt"], replica)
+    prompts = [_prompt(p, replica) for p in _batch(body["prompt"])]
     max_new = _int(body, "max_tokens", name, 16)
     if max_new is None or max_new <= 0:
         raise ApiError("max_tokens must be positive")
     lp = _int(body, "logprobs", name)
-    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
+    for _text, ids in prompts:
+        check_context(len(ids), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
     sampling = _sampling(body, name, max_new, lp or 0)
-    comps = tuple(replica.sampler.sample(prompt, sampling, i) for i in range(sampling.n))
-    echo = prompt_text if body.get("echo") else None
-    plan = _plan(body, replica, False, comps, lp is not None, (None,) * sampling.n, echo)
-    return _job(body, prompt, sampling), plan
+    comps = tuple(replica.sampler.sample(p, sampling, i) for _t, p in prompts for i in range(sampling.n))
+    echo = tuple(text for text, _ids in prompts) if body.get("echo") else None
+    calls = (None,) * len(comps)
+    plan = _plan(body, replica, False, sampling.n, comps, lp is not None, calls, echo)
+    rids = _rids(body, len(prompts))
+    return tuple(_job(body, p, sampling, rid) for (_t, p), rid in zip(prompts, rids, strict=True)), plan
+
+
+def _batch(value: object) -> list[object]:
+    """The prompts of `prompt`: a string or token ids is one; a list of strings or of id lists, many."""
+    if isinstance(value, list) and value and all(isinstance(v, str | list) for v in value):
+        return list(value)
+    return [value]
 
 
 def _prompt(value: object, replica: Replica) -> tuple[str, tuple[int, ...]]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
     if isinstance(value, str):
         return value, tuple(replica.tokenizer.encode(value))
     if isinstance(value, list) and value and is_token_list(value):
         return replica.tokenizer.decode(value), tuple(value)
-    raise invalid("prompt", "CompletionRequest", "Input should be a string or a list of token ids")
+    detail = "Input should be a string, a list of token ids, or a list of those (a batch)"
+    raise invalid("prompt", "CompletionRequest", detail)
 
 
-def _job(body: dict[str, Any], prompt: tuple[int, ...], sampling: Sampling) -> Job:
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else new_rid()
-    return Job(prompt, sampling, _extra_key(body), str(rid), bool(body.get("stream")))
+def _rids(body: dict[str, Any], count: int) -> list[str]:
+    """The request ids: `rid` (a string; `rid_k` for prompt k of a batch, or a list of one per prompt)."""
+    rid = body.get("rid")
+    if isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
+        return list(rid)
+    if isinstance(rid, str):
+        return [rid] if count == 1 else [f"{rid}_{k}" for k in range(count)]
+    if rid is not None:
+        raise ApiError(f"rid must be a string or a list of {count} strings")
+    return [new_rid() for _ in range(count)]
+
+
+def _job(body: dict[str, Any], prompt: tuple[int, ...], sampling: Sampling, rid: str) -> Job:
+    return Job(prompt, sampling, _extra_key(body), rid, bool(body.get("stream")))
 
 
 def _plan(
     body: dict[str, Any],
     replica: Replica,
     chat: bool,
+    n: int,
     comps: tuple[Completion, ...],
     logprobs: bool,
     calls: tuple[dict[str, Any] | None, ...],
-    echo: str | None = None,
+    echo: tuple[str, ...] | None = None,
 ) -> Plan:
     include, continuous = _stream_options(body)
     model = body.get("model")
@@ -160,6 +191,7 @@ def _plan(
         chat=chat,
         model=model if isinstance(model, str) else replica.cfg.served_model_name,
         created=int(time.time()),
+        n=n,
         completions=comps,
         logprobs=logprobs,
         include_usage=include or continuous,

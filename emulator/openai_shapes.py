@@ -10,6 +10,7 @@ top_logprobs}]`; completions' are the legacy `{text_offset, token_logprobs, toke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from emulator.openai_request import Plan
@@ -54,25 +55,45 @@ def legacy_logprobs(comp: Completion, start: int, end: int, offset: int) -> dict
 
 
 # ---- non-stream bodies ----------------------------------------------------------------------
-def full_body(plan: Plan, job: Job, run: Run, report: bool) -> dict[str, Any]:
+def full_body(plan: Plan, jobs: Sequence[Job], runs: Sequence[Run], report: bool) -> dict[str, Any]:
+    """The response to one request (every prompt of a batch): the id of its first prompt's request."""
     comps = plan.completions
     choices = [
         _chat_choice(plan, i, c) if plan.chat else _text_choice(plan, i, c) for i, c in enumerate(comps)
     ]
     out_tokens = sum(len(c.ids) for c in comps)
     body: dict[str, Any] = {
-        "id": job.rid,
+        "id": jobs[0].rid,
         "object": "chat.completion" if plan.chat else "text_completion",
         "created": plan.created,
         "model": plan.model,
         "choices": choices,
-        "usage": usage(len(job.prompt), out_tokens, run.cached_tokens, report),
+        "usage": batch_usage(jobs, runs, out_tokens, report),
         "metadata": {"weight_version": WEIGHT_VERSION},
     }
-    details = run.cached_details()
+    details = _summed_details(runs)
     if plan.cache_details and details is not None:
         body["sglext"] = {"cached_tokens_details": details}
     return body
+
+
+def batch_usage(
+    jobs: Sequence[Job], runs: Sequence[Run], completion_tokens: int, report: bool
+) -> dict[str, Any]:
+    """Prompt and cached tokens once per prompt (summed over a batch), completion tokens over choices."""
+    prompt = sum(len(job.prompt) for job in jobs)
+    return usage(prompt, completion_tokens, sum(run.cached_tokens for run in runs), report)
+
+
+def _summed_details(runs: Sequence[Run]) -> dict[str, Any] | None:
+    """cached_tokens_details of the request: each tier's tokens summed over its prompts."""
+    each = [d for d in (run.cached_details() for run in runs) if d is not None]
+    if not each:
+        return None
+    total = dict(each[0])
+    for details in each[1:]:
+        total |= {k: total[k] + v for k, v in details.items() if isinstance(v, int)}
+    return total
 
 
 def _chat_choice(plan: Plan, i: int, comp: Completion) -> dict[str, Any]:
@@ -93,7 +114,7 @@ def _chat_choice(plan: Plan, i: int, comp: Completion) -> dict[str, Any]:
 
 
 def _text_choice(plan: Plan, i: int, comp: Completion) -> dict[str, Any]:
-    prefix = plan.echo or ""
+    prefix = plan.echo[i // plan.n] if plan.echo else ""
     lps = legacy_logprobs(comp, 0, len(comp.ids), len(prefix)) if plan.logprobs else None
     return {
         "index": i,

@@ -9,11 +9,12 @@ completions serialized without null fields) before `[DONE]`. Ordinary chunks car
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from emulator.openai_request import Plan
-from emulator.openai_shapes import chat_logprobs, legacy_logprobs, usage
-from emulator.replica import Run
+from emulator.openai_shapes import batch_usage, chat_logprobs, legacy_logprobs
+from emulator.replica import Job, Run
 from emulator.sampler import Completion
 from emulator.tickets import Emitted, Event, Failed, Finished
 
@@ -21,24 +22,28 @@ _EMPTY_DELTA = {"role": None, "content": None, "reasoning_content": None, "tool_
 
 
 class ChunkWriter:
-    """Turns engine events into the chunk dicts of one stream."""
+    """Turns the engine events of a request's runs (one per prompt of a batch) into its chunk dicts."""
 
-    def __init__(self, plan: Plan, run: Run, report: bool) -> None:
+    def __init__(self, plan: Plan, jobs: Sequence[Job], runs: Sequence[Run], report: bool) -> None:
         self.plan = plan
-        self.run = run
+        self.jobs = jobs
+        self.runs = runs
         self.report = report
         self.sent = [0] * len(plan.completions)
         self.started = [False] * len(plan.completions)
+        self.unfinished = len(runs)
 
-    def on_event(self, event: Event) -> list[dict[str, Any]]:
+    def on_event(self, k: int, event: Event) -> list[dict[str, Any]]:
+        """The chunks for an event of run `k` (prompt k: choices k * n ... k * n + n - 1)."""
+        first = k * self.plan.n
         if isinstance(event, Emitted):
-            return [c for i, n in enumerate(event.counts) for c in self._advance(i, n)]
+            return [c for i, n in enumerate(event.counts) for c in self._advance(first + i, n)]
         if isinstance(event, Finished):
-            chunks = [
-                self._chunk(i, _EMPTY_DELTA, c.finish, c.matched) for i, c in enumerate(self.plan.completions)
-            ]
-            chunks = chunks if self.plan.chat else []
-            if self.plan.include_usage:
+            self.unfinished -= 1
+            mine = range(first, first + self.plan.n) if self.plan.chat else range(0)
+            comps = self.plan.completions
+            chunks = [self._chunk(i, _EMPTY_DELTA, comps[i].finish, comps[i].matched) for i in mine]
+            if self.plan.include_usage and not self.unfinished:
                 chunks.append(self._usage_chunk())
             return chunks
         if isinstance(event, Failed):
@@ -117,15 +122,14 @@ class ChunkWriter:
     def _envelope(self) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.plan.chat else "text_completion"
         return {
-            "id": self.run.ticket.work.rid,
+            "id": self.jobs[0].rid,
             "object": obj,
             "created": self.plan.created,
             "model": self.plan.model,
         }
 
     def _usage(self) -> dict[str, Any]:
-        prompt = len(self.run.ticket.work.prompt)
-        return usage(prompt, sum(self.sent), self.run.cached_tokens, self.report)
+        return batch_usage(self.jobs, self.runs, sum(self.sent), self.report)
 
     def _usage_chunk(self) -> dict[str, Any]:
         chunk = self._envelope() | {"choices": [], "usage": self._usage()}

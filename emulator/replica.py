@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +200,34 @@ class Run:
         if self.first is not None and total > len(self.counts):
             itl = (now - self.first) / scale / max(1, max(self.counts) - 1)
         self.replica.metrics.on_finish(ttft, (now - self.started) / scale, itl)
+
+
+async def merged_events(runs: Sequence[Run]) -> AsyncGenerator[tuple[int, Event], None]:
+    """The events of several runs (the prompts of a batch) as they come, each with its run's index."""
+    if len(runs) == 1:
+        async for event in runs[0].events():
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
+
+    async def pump(k: int, run: Run) -> None:
+        async for event in run.events():
+            queue.put_nowait((k, event))
+        queue.put_nowait((k, None))
+
+    tasks = [asyncio.create_task(pump(k, run)) for k, run in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            k, item = await queue.get()
+            if item is None:
+                left -= 1
+            else:
+                yield k, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def debug_headers(replica: Replica) -> dict[str, str]:

@@ -176,9 +176,9 @@ async def emu_predict(request: web.Request) -> web.Response:
         if not isinstance(inner, dict):
             raise ApiError("body must be an object")
         if path == "/v1/chat/completions":
-            job = openai_request.parse_chat(inner, replica)[0]
+            job = openai_request.parse_chat(inner, replica)[0][0]
         elif path == "/v1/completions":
-            job = openai_request.parse_completion(inner, replica)[0]
+            job = openai_request.parse_completion(inner, replica)[0][0]
         elif path == "/generate":
             job = native_api.parse_generate(inner, replica)
         else:

@@ -290,16 +290,17 @@ async def test_tool_calls_are_parsed_by_default(emulator: StartEmu, http: aiohtt
 async def test_completions_batch(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
     emu = await emulator(*FAST, "--enable-cache-report")
     single = {"model": "m", "max_tokens": 3, "n": 2}
+    prompts = ["first prompt here", "the second one"]
     alone = []
-    for prompt in ("first prompt here", "the second one"):
+    for prompt in prompts:
         async with http.post(f"{emu.url}/v1/completions", json=single | {"prompt": prompt}) as resp:
             alone.append(await resp.json())
-    batch = single | {"prompt": ["first prompt here", "the second one"], "echo": True}
+    batch = single | {"prompt": prompts, "echo": True}
     async with http.post(f"{emu.url}/v1/completions", json=batch) as resp:
         assert resp.status == 200
         out = await resp.json()
     assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
-    expected = [p + c["text"] for p, a in zip(batch["prompt"], alone, strict=True) for c in a["choices"]]
+    expected = [p + c["text"] for p, a in zip(prompts, alone, strict=True) for c in a["choices"]]
     assert [c["text"] for c in out["choices"]] == expected  # choice k*n+i: choice i of prompt k, echoed
     usage = out["usage"]
     assert usage["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)

@@ -10,6 +10,11 @@ warning line per flag (collected in `ignored_flags`; the CLI prints them). Emula
     host = hicache_size GB / emu_kv_bytes_per_token, or floor(gpu * hicache_ratio) rounded up to a page
            plus one page (as SGLang's host pool);
     mamba slots (hybrid) = --max-mamba-cache-size (15), host slots = ratio x that.
+
+Two defaults differ from SGLang's on purpose, so that clients work without extra flags: the served model
+name is the short id "kvroute-emu" (SGLang: the model path, an absolute path here; the model path itself
+still names the shipped tokenizer directory, which sglang-router loads), and tool calls are parsed
+(`--tool-call-parser qwen25`; SGLang: none; `--tool-call-parser none` turns them off).
 """
 
 from __future__ import annotations
@@ -24,6 +29,12 @@ from pathlib import Path
 from emulator.timing import PROFILES
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
+SERVED_MODEL_NAME = "kvroute-emu"
+"""The default model id (/v1/models, metrics' model_name); SGLang's default is the model path, which here
+would be this machine's absolute path of emulator/model/. --served-model-name sets another."""
+TOOL_CALL_PARSER = "qwen25"
+"""The emulator parses tool calls by default (SGLang parses none unless --tool-call-parser is given);
+--tool-call-parser none turns it off."""
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
@@ -32,7 +43,7 @@ class EmulatorConfig:
     host: str = "127.0.0.1"
     ports: tuple[int, ...] = (30000,)
     model_path: str = str(MODEL_DIR)
-    served_model_name: str = str(MODEL_DIR)
+    served_model_name: str = SERVED_MODEL_NAME
     tokenizer_path: str = str(MODEL_DIR)
     page_size: int = 1
     max_total_tokens: int | None = None
@@ -54,7 +65,7 @@ class EmulatorConfig:
     max_mamba_cache_size: int | None = None
     mamba_scheduler_strategy: str = "auto"
     mamba_track_interval: int = 256
-    tool_call_parser: str | None = None
+    tool_call_parser: str | None = TOOL_CALL_PARSER
     reasoning_parser: str | None = None
     context_length: int = 262144
     api_key: str | None = None
@@ -125,7 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--replicas", type=int, default=1)
     add("--ports", default=None, help="comma-separated ports, one replica each")
     add("--model-path", "--model", default=str(MODEL_DIR))
-    add("--served-model-name", default=None)
+    add(
+        "--served-model-name",
+        default=SERVED_MODEL_NAME,
+        help=f"model id in /v1/models (default {SERVED_MODEL_NAME!r}; SGLang's default is the model path)",
+    )
     add("--tokenizer-path", default=None)
     add("--page-size", type=int, default=1)
     add("--max-total-tokens", type=int, default=None)
@@ -147,7 +162,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-mamba-cache-size", type=int, default=None)
     add("--mamba-scheduler-strategy", default="auto")
     add("--mamba-track-interval", type=int, default=256)
-    add("--tool-call-parser", default=None)
+    add(
+        "--tool-call-parser",
+        default=TOOL_CALL_PARSER,
+        help=f"default {TOOL_CALL_PARSER!r}, unlike SGLang (which parses no tool calls unless set); "
+        "'none' turns tool calls off",
+    )
     add("--reasoning-parser", default=None)
     add("--context-length", type=int, default=262144)
     add("--api-key", default=None)
@@ -206,7 +226,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         host=ns.host,
         ports=_ports(ns),
         model_path=ns.model_path,
-        served_model_name=ns.served_model_name or ns.model_path,
+        served_model_name=ns.served_model_name or SERVED_MODEL_NAME,
         tokenizer_path=ns.tokenizer_path or ns.model_path,
         page_size=max(1, ns.page_size),
         max_total_tokens=ns.max_total_tokens,
@@ -228,7 +248,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         max_mamba_cache_size=ns.max_mamba_cache_size,
         mamba_scheduler_strategy=ns.mamba_scheduler_strategy,
         mamba_track_interval=ns.mamba_track_interval,
-        tool_call_parser=ns.tool_call_parser,
+        tool_call_parser=None if ns.tool_call_parser in ("", "none") else ns.tool_call_parser,
         reasoning_parser=ns.reasoning_parser,
         context_length=ns.context_length,
         api_key=ns.api_key,

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from emulator.tiers import CacheConfig, LruIndex, Node
+from emulator.cache_values import CacheConfig
+from emulator.radix_node import LruIndex, Node
 
 
 class Anchors:

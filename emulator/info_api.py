@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from emulator.errors import json_response
-from emulator.replica import REPLICA, Replica
+from emulator.replica import REPLICA, WEIGHT_VERSION, Replica
 
 VERSION = "0.5.10"
 WEIGHT_GB = 26.0
@@ -109,7 +109,7 @@ async def model_info(request: web.Request) -> web.Response:
         "tokenizer_path": c.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": WEIGHT_VERSION,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": "qwen3_next" if hybrid else "qwen3",

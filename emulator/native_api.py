@@ -9,17 +9,19 @@ cumulative text and output_ids in every event, then `[DONE]`. Errors are `{"erro
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
 
+from emulator import sse
 from emulator.errors import ApiError, check_context, is_token_list, json_response, native_error, read_json
-from emulator.replica import REPLICA, Job, Replica, Run, Sse, StreamCut, debug_headers, new_rid, take_fault
+from emulator.fault_hook import request_fault
+from emulator.replica import REPLICA, WEIGHT_VERSION, Job, Replica, Run, debug_headers, new_rid
 from emulator.sampler import Completion, Sampling
-
-WEIGHT_VERSION = "default"
+from emulator.structured_output import generate_grammar
 
 
 def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
@@ -36,7 +38,8 @@ def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
     if not isinstance(n, int) or n < 1:
         raise ApiError("n must be at least 1")
     seed = params.get("sampling_seed")
-    sampling = Sampling(max_new=max_new, stop=stops, n=n, seed=seed if isinstance(seed, int) else None)
+    seed = seed if isinstance(seed, int) else None
+    sampling = Sampling(max_new=max_new, stop=stops, n=n, seed=seed, grammar=generate_grammar(params))
     check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
     extra_key = body.get("extra_key")
     if extra_key is not None and not isinstance(extra_key, str):
@@ -66,8 +69,7 @@ def finish_reason(comp: Completion, count: int) -> dict[str, Any] | None:
 
 def result(job: Job, run: Run, comp: Completion, count: int, index: int | None) -> dict[str, Any]:
     finish = finish_reason(comp, count)
-    pre = run.prefilled
-    cached = pre.cached_tokens if pre is not None else 0
+    cached = run.cached_tokens
     meta: dict[str, Any] = {
         "id": job.rid,
         "finish_reason": finish,
@@ -78,11 +80,8 @@ def result(job: Job, run: Run, comp: Completion, count: int, index: int | None) 
         "reasoning_tokens": 0,
         "cached_tokens": cached,
     }
-    if pre is not None and cached > 0:
-        details: dict[str, Any] = {"device": pre.device, "host": pre.host}
-        if run.replica.cfg.hicache_storage_backend:
-            details |= {"storage": pre.storage, "storage_backend": "HiCacheFile"}
-        meta["cached_tokens_details"] = details
+    if cached > 0:
+        meta["cached_tokens_details"] = run.cached_details()
     if finish is not None:
         meta["e2e_latency"] = run.elapsed()
     out: dict[str, Any] = {
@@ -99,16 +98,16 @@ async def generate(request: web.Request) -> web.StreamResponse:
     replica = request.app[REPLICA]
     try:
         job = parse_generate(await read_json(request, require_json_type=False), replica)
+        comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
     except ApiError as err:
         return native_error(err.status, err.message)
-    fault = await take_fault(replica, job.stream)
-    if fault is not None and fault.kind == "fail":
-        return native_error(fault.status, f"Emulated fault: {HTTPStatus(fault.status).phrase}.")
-    cut = fault.after_chunks if fault is not None and fault.kind == "cut_stream" else None
-    comps = tuple(replica.sampler.sample(job.prompt, job.sampling, i) for i in range(job.sampling.n))
+    fault = await request_fault(replica.armed_faults, job.stream)
+    if fault.fail_status is not None:
+        return native_error(fault.fail_status, f"Emulated fault: {HTTPStatus(fault.fail_status).phrase}.")
     async with replica.open(request, job, comps) as run:
         if job.stream:
-            return await _stream(request, replica, job, run, comps, cut)
+            events = _events(job, run, comps)
+            return await sse.stream(request, debug_headers(replica), fault.cut_after, events)
         await run.wait()
         if run.failure is not None:
             return native_error(run.failure.status, run.failure.message)
@@ -117,24 +116,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return json_response(outs if many else outs[0], headers=debug_headers(replica))
 
 
-async def _stream(
-    request: web.Request, replica: Replica, job: Job, run: Run, comps: tuple[Completion, ...], cut: int | None
-) -> web.StreamResponse:
-    sse = await Sse.start(request, debug_headers(replica), cut)
+async def _events(job: Job, run: Run, comps: tuple[Completion, ...]) -> AsyncGenerator[bytes, None]:
+    """One cumulative result per choice whenever it has new tokens (the first once it has any, or at once
+    when it ends with none); an engine failure is one error event."""
     sent = [-1] * len(comps)
     many = len(comps) > 1
-    try:
-        async for _event in run.events():
-            if run.failure is not None:
-                await sse.send(orjson.dumps({"error": {"message": run.failure.message}}))
-                break
-            for i, count in enumerate(run.counts):
-                if count > sent[i] and (count > 0 or count >= len(comps[i].ids)):
-                    sent[i] = count
-                    await sse.send(orjson.dumps(result(job, run, comps[i], count, i if many else None)))
-        return await sse.done()
-    except StreamCut:
-        return sse.response
+    async for _event in run.events():
+        if run.failure is not None:
+            yield orjson.dumps({"error": {"message": run.failure.message}})
+            return
+        for i, count in enumerate(run.counts):
+            if count > sent[i] and (count > 0 or count >= len(comps[i].ids)):
+                sent[i] = count
+                yield orjson.dumps(result(job, run, comps[i], count, i if many else None))
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -1,190 +1,36 @@
-"""/v1/chat/completions and /v1/completions: SGLang 0.5.10's request rules and response shapes.
+"""/v1/chat/completions and /v1/completions handlers (SGLang 0.5.10, contract §2).
 
-Parsing (contract §2): chat renders `messages` (+ `tools`) with the ChatML template and tokenizes it;
-completions take `prompt` as a string or token ids. `max_completion_tokens or max_tokens` (0 = unset) for
-chat, `max_tokens` (default 16, must be positive) for completions; `n`, `stop`, `seed`, `logprobs`,
-`top_logprobs`, `stream_options`; the cache namespace is `cache_salt + extra_key`. Tool calls: with
---tool-call-parser, `tools` and tool_choice != "none", a request whose last message is from the user
-(or with tool_choice "required" or a named function) gets one deterministic call to the named/first tool.
-
-Shapes (openai_shapes.py builds the JSON): non-stream bodies with `usage` and `metadata`, streams with
-`usage: null` on ordinary chunks, a separate finish chunk per choice for chat, the finish reason on the
-last content chunk for completions, an optional usage chunk, then `[DONE]`.
+A request is parsed into one Job per prompt and a Plan (openai_request.py); each Job is submitted to the
+engine as its own run (a completions batch runs its prompts side by side) and the request is answered
+with a non-stream body (openai_shapes.py) or a stream of chunks merged from its runs (openai_stream.py,
+written by sse.py): streams have `usage: null` on ordinary chunks, a separate finish chunk per choice for
+chat, the finish reason on the last content chunk for completions, an optional usage chunk once every
+run finished, then `[DONE]`. Errors are SGLang's flat JSON; a failed run fails the whole request.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable
 from http import HTTPStatus
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from emulator import openai_shapes as shapes
-from emulator.errors import (
-    ApiError,
-    check_context,
-    flat_error,
-    invalid,
-    is_token_list,
-    json_response,
-    read_json,
-)
-from emulator.replica import REPLICA, Job, Replica, Sse, StreamCut, debug_headers, new_rid, take_fault
-from emulator.sampler import Completion, Sampling
-from emulator.tokenizer import apply_chat_template
+from emulator import sse
+from emulator.errors import ApiError, flat_error, json_response, read_json
+from emulator.fault_hook import request_fault
+from emulator.openai_request import Parsed, Plan, parse_chat, parse_completion
+from emulator.openai_shapes import full_body
+from emulator.openai_stream import ChunkWriter
+from emulator.replica import REPLICA, Job, Replica, Run, debug_headers, merged_events
+from emulator.tickets import Failed
+
+Parser = Callable[[dict[str, Any], Replica], Parsed]
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Everything a response needs besides the engine's events."""
-
-    chat: bool
-    model: str
-    created: int
-    completions: tuple[Completion, ...]
-    logprobs: bool
-    include_usage: bool
-    continuous_usage: bool
-    cache_details: bool
-    tool_calls: tuple[dict[str, Any] | None, ...]
-    echo: str | None = None
-
-
-def _extra_key(body: dict[str, Any]) -> str | None:
-    parts = [body.get("cache_salt"), body.get("extra_key")]
-    if any(p is not None and not isinstance(p, str) for p in parts):
-        raise ApiError("cache_salt and extra_key must be strings")
-    present = [p for p in parts if isinstance(p, str)]
-    return "".join(present) if present else None
-
-
-def _int(body: dict[str, Any], key: str, model: str, default: int | None = None) -> int | None:
-    value = body.get(key, default)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise invalid(key, model, "Input should be a valid integer [type=int_type]")
-    return value
-
-
-def _stops(body: dict[str, Any], model: str) -> tuple[str, ...]:
-    stop = body.get("stop")
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        return (stop,)
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return tuple(stop)
-    raise invalid("stop", model, "Input should be a valid string or list of strings")
-
-
-def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
-    opts = body.get("stream_options") or {}
-    if not isinstance(opts, dict):
-        raise invalid("stream_options", "Request", "Input should be a valid dictionary")
-    return bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
-
-
-def _sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -> Sampling:
-    n = _int(body, "n", model, 1) or 1
-    if n < 1:
-        raise ApiError("n must be at least 1")
-    seed = _int(body, "seed", model)
-    return Sampling(max_new=max_new, stop=_stops(body, model), n=n, seed=seed, top_logprobs=top)
-
-
-def parse_chat(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
-    name = "ChatCompletionRequest"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise invalid("messages", name, "Field required: a non-empty list of messages [type=missing]")
-    tools = body.get("tools") or None
-    cont = bool(body.get("continue_final_message"))
-    text = apply_chat_template(
-        messages, tools=tools, add_generation_prompt=not cont, continue_final_message=cont
-    )
-    prompt = tuple(replica.tokenizer.encode(text))
-    max_new = _int(body, "max_completion_tokens", name) or _int(body, "max_tokens", name) or None
-    if max_new is not None and max_new < 0:
-        raise ApiError("max_tokens must be non-negative")
-    logprobs = bool(body.get("logprobs"))
-    top = _int(body, "top_logprobs", name, 0) or 0
-    if top and not logprobs:
-        raise ApiError("top_logprobs requires logprobs to be true")
-    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
-    sampling = _sampling(body, name, max_new, top)
-    target = shapes.tool_target(body, replica.cfg.tool_call_parser, messages)
-    comps: list[Completion] = []
-    calls: list[dict[str, Any] | None] = []
-    for i in range(sampling.n):
-        if target is not None:
-            call, comp = shapes.tool_call(replica.tokenizer, target, prompt, i)
-            calls.append(call)
-            comps.append(comp)
-        else:
-            calls.append(None)
-            comps.append(replica.sampler.sample(prompt, sampling, i))
-    return _job(body, prompt, sampling), _plan(body, replica, True, tuple(comps), logprobs, tuple(calls))
-
-
-def parse_completion(body: dict[str, Any], replica: Replica) -> tuple[Job, Plan]:
-    name = "CompletionRequest"
-    if "prompt" not in body:
-        raise invalid("prompt", name, "Field required [type=missing]")
-    prompt_text, prompt = _prompt(body["prompt"], replica)
-    max_new = _int(body, "max_tokens", name, 16)
-    if max_new is None or max_new <= 0:
-        raise ApiError("max_tokens must be positive")
-    lp = _int(body, "logprobs", name)
-    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
-    sampling = _sampling(body, name, max_new, lp or 0)
-    comps = tuple(replica.sampler.sample(prompt, sampling, i) for i in range(sampling.n))
-    echo = prompt_text if body.get("echo") else None
-    plan = _plan(body, replica, False, comps, lp is not None, (None,) * sampling.n, echo)
-    return _job(body, prompt, sampling), plan
-
-
-def _prompt(value: object, replica: Replica) -> tuple[str, tuple[int, ...]]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
-        value = value[0]
-    if isinstance(value, str):
-        return value, tuple(replica.tokenizer.encode(value))
-    if isinstance(value, list) and value and is_token_list(value):
-        return replica.tokenizer.decode(value), tuple(value)
-    raise invalid("prompt", "CompletionRequest", "Input should be a string or a list of token ids")
-
-
-def _job(body: dict[str, Any], prompt: tuple[int, ...], sampling: Sampling) -> Job:
-    rid = body.get("rid") if isinstance(body.get("rid"), str) else new_rid()
-    return Job(prompt, sampling, _extra_key(body), str(rid), bool(body.get("stream")))
-
-
-def _plan(
-    body: dict[str, Any],
-    replica: Replica,
-    chat: bool,
-    comps: tuple[Completion, ...],
-    logprobs: bool,
-    calls: tuple[dict[str, Any] | None, ...],
-    echo: str | None = None,
-) -> Plan:
-    include, continuous = _stream_options(body)
-    model = body.get("model")
-    return Plan(
-        chat=chat,
-        model=model if isinstance(model, str) else replica.cfg.served_model_name,
-        created=shapes.now(),
-        completions=comps,
-        logprobs=logprobs,
-        include_usage=include or continuous,
-        continuous_usage=continuous,
-        cache_details=bool(body.get("return_cached_tokens_details")),
-        tool_calls=calls,
-        echo=echo,
-    )
-
-
-# ---- handlers -------------------------------------------------------------------------------
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, parse_chat)
 
@@ -193,35 +39,43 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _handle(request, parse_completion)
 
 
-async def _handle(request: web.Request, parse: Any) -> web.StreamResponse:
+async def _handle(request: web.Request, parse: Parser) -> web.StreamResponse:
     replica = request.app[REPLICA]
     try:
-        job, plan = parse(await read_json(request), replica)
+        jobs, plan = parse(await read_json(request), replica)
     except ApiError as err:
         return flat_error(err.status, err.message, err.type)
-    fault = await take_fault(replica, job.stream)
-    if fault is not None and fault.kind == "fail":
-        return flat_error(fault.status, "Emulated fault.", HTTPStatus(fault.status).phrase)
-    cut = fault.after_chunks if fault is not None and fault.kind == "cut_stream" else None
-    async with replica.open(request, job, plan.completions) as run:
-        if job.stream:
-            return await _stream(request, replica, run, plan, cut)
-        await run.wait()
-        if run.failure is not None:
-            return flat_error(run.failure.status, run.failure.message, HTTPStatus(run.failure.status).phrase)
-        body = shapes.full_body(plan, job, run, replica.cfg.enable_cache_report)
+    streaming = jobs[0].stream
+    fault = await request_fault(replica.armed_faults, streaming)
+    if fault.fail_status is not None:
+        return flat_error(fault.fail_status, "Emulated fault.", HTTPStatus(fault.fail_status).phrase)
+    async with contextlib.AsyncExitStack() as stack:
+        runs = [
+            await stack.enter_async_context(_open(request, replica, plan, jobs, k)) for k in range(len(jobs))
+        ]
+        if streaming:
+            events = _events(plan, jobs, runs, replica.cfg.enable_cache_report)
+            return await sse.stream(request, debug_headers(replica), fault.cut_after, events)
+        await asyncio.gather(*(run.wait() for run in runs))
+        failure = next((run.failure for run in runs if run.failure is not None), None)
+        if failure is not None:
+            return flat_error(failure.status, failure.message, HTTPStatus(failure.status).phrase)
+        body = full_body(plan, jobs, runs, replica.cfg.enable_cache_report)
         return json_response(body, headers=debug_headers(replica))
 
 
-async def _stream(
-    request: web.Request, replica: Replica, run: Any, plan: Plan, cut: int | None
-) -> web.StreamResponse:
-    sse = await Sse.start(request, debug_headers(replica), cut)
-    writer = shapes.ChunkWriter(plan, run, replica.cfg.enable_cache_report)
-    try:
-        async for event in run.events():
-            for chunk in writer.on_event(event):
-                await sse.send(orjson.dumps(chunk))
-        return await sse.done()
-    except StreamCut:
-        return sse.response
+def _open(request: web.Request, replica: Replica, plan: Plan, jobs: tuple[Job, ...], k: int) -> Run:
+    """Submit prompt k of the request with its n choices."""
+    n = plan.n
+    return replica.open(request, jobs[k], plan.completions[k * n : (k + 1) * n])
+
+
+async def _events(
+    plan: Plan, jobs: tuple[Job, ...], runs: list[Run], report: bool
+) -> AsyncGenerator[bytes, None]:
+    writer = ChunkWriter(plan, jobs, runs, report)
+    async for k, event in merged_events(runs):
+        for chunk in writer.on_event(k, event):
+            yield orjson.dumps(chunk)
+        if isinstance(event, Failed):
+            return

@@ -16,7 +16,7 @@ Request path (all O(matched length / page_size), no scans of the whole tree):
    locks the path, evicts, loads host pages back (the host copy stays), prefetches storage pages as a new
    node and reserves room. The engine sizes the reservation with ``match`` first, so the last lookup of a
    prompt tuple is remembered and reused until anything it depends on changes (every tree mutation and
-   every storage write clears it): one walk per admission, not two.
+   every storage write clears it): one walk per admission, not two (``emulator/radix_lookup.py``).
 3. ``insert_unfinished`` (SGLang ``cache_unfinished_req``, after every prefill chunk and once the prefill
    is complete) inserts the whole pages computed so far, so a request admitted later already hits them
    while this one still runs. The request's lock moves from the node it held to the deepest inserted node
@@ -42,36 +42,17 @@ through to storage. Recurrent-state anchors (hybrid GDN/Mamba models) live in ``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import xxhash
 
+from emulator.cache_values import Admission, CacheConfig, CacheStats, Lock, MatchResult
 from emulator.hybrid import Anchors
+from emulator.radix_lookup import Lookup, Lookups
+from emulator.radix_node import Node
+from emulator.radix_tree import Tree
 from emulator.storage import PageHash, chain_hashes
-from emulator.tiers import Admission, CacheConfig, CacheStats, Lock, MatchResult, Node, Tree
 
 __all__ = ["Admission", "CacheConfig", "CacheStats", "MatchResult", "RadixCache"]
-
-
-@dataclass(slots=True)
-class _Lookup:
-    key: tuple[int, ...]
-    path: list[Node]  # fully matched nodes that will be used (GPU part, then host part)
-    partial: Node | None  # a node matched only for its first ``partial_pages`` pages (last on the path)
-    partial_pages: int
-    gpu_tokens: int
-    host_tokens: int
-    storage: list[PageHash]  # pages to prefetch, in order
-
-
-@dataclass(frozen=True, slots=True)
-class _Memo:
-    """The last lookup and what it depended on besides the tree (which clears it on every change)."""
-
-    tokens: tuple[int, ...]
-    extra_key: str | None
-    storage: int  # the storage tier's version
-    lookup: _Lookup
 
 
 class RadixCache:
@@ -85,23 +66,22 @@ class RadixCache:
         self._threshold = 1 if config.write_policy == "write_through" else 2
         self._generation = 0
         self._totals = dict.fromkeys(_TOTALS, 0)
-        self._memo: _Memo | None = None
         self._reset()
 
     # ---- public API -------------------------------------------------------------------------------
     def match(self, tokens: Sequence[int], extra_key: str | None = None) -> MatchResult:
-        lk = self._lookup(tokens, extra_key)
+        lk = self.lookups.find(tokens, extra_key)
         return MatchResult(lk.gpu_tokens, lk.host_tokens, len(lk.storage) * self.page)
 
     def admit(self, tokens: Sequence[int], extra_key: str | None, reserve_tokens: int) -> Admission | None:
-        lk = self._lookup(tokens, extra_key)
+        lk = self.lookups.find(tokens, extra_key)
         need = (lk.host_tokens // self.page) + len(lk.storage) + self.tree.pages_for(reserve_tokens)
         pinned = sum(self.tree.pages(n) for n in lk.path if n.gpu and n.lock_ref == 0)
         if lk.partial is not None and lk.partial.gpu and lk.partial.lock_ref == 0:
             pinned += lk.partial_pages
         if need > self.tree.gpu_free() + self.tree.evictable - pinned or not self.anchors.can_run(lk.path):
             return None
-        self._memo = None
+        self.lookups.forget()
         path = list(lk.path)
         if lk.partial is not None:
             path.append(self.tree.split(lk.partial, lk.partial_pages))
@@ -131,7 +111,7 @@ class RadixCache:
         more = self.tree.pages_for(lock.reserved_tokens + tokens) - self.tree.pages_for(lock.reserved_tokens)
         if more > self.tree.gpu_free() + self.tree.evictable:
             return False
-        self._memo = None
+        self.lookups.forget()
         self._evict_gpu(more)
         self.tree.reserved += more
         lock.reserved_tokens += tokens
@@ -211,63 +191,7 @@ class RadixCache:
             "leaves": sorted(leaves),
         }
 
-    # ---- lookup -----------------------------------------------------------------------------------
-    def _lookup(self, tokens: Sequence[int], extra_key: str | None) -> _Lookup:
-        """The lookup of ``tokens``, reused when the same prompt object is looked up again (``match`` then
-        ``admit``) and neither the cache nor its storage changed in between; every mutation clears it."""
-        storage = self.cfg.storage.version if self.cfg.storage is not None else 0
-        memo = self._memo
-        if (
-            memo is not None
-            and memo.tokens is tokens
-            and memo.extra_key == extra_key
-            and memo.storage == storage
-        ):
-            return memo.lookup
-        lk = self._walk(tokens, extra_key)
-        if isinstance(tokens, tuple):  # immutable: identity implies the same content
-            self._memo = _Memo(tokens, extra_key, storage, lk)
-        return lk
-
-    def _walk(self, tokens: Sequence[int], extra_key: str | None) -> _Lookup:
-        usable = max(len(tokens) - 1, 0) // self.page * self.page
-        key = tuple(tokens[:usable])
-        path, partial, ppages = self.tree.walk(self.tree.roots.get(extra_key), key)
-        if self.cfg.hybrid:
-            path, partial, ppages = self.anchors.cut(path), None, 0
-        lk = _Lookup(key, path, partial, ppages, 0, 0, [])
-        on_gpu = [n for n in path if n.gpu]  # GPU residency is tree-closed: these lead the path
-        lk.gpu_tokens = sum(len(n.key) for n in on_gpu)
-        lk.host_tokens = sum(len(n.key) for n in path) - lk.gpu_tokens
-        if partial is not None and partial.gpu and len(on_gpu) == len(path):
-            lk.gpu_tokens += ppages * self.page
-        elif partial is not None:
-            lk.host_tokens += ppages * self.page
-        if 0 < lk.host_tokens < self.cfg.load_back_threshold:  # too short to load: recomputed instead
-            lk.path, lk.partial, lk.partial_pages, lk.host_tokens = on_gpu, None, 0, 0
-            return lk
-        lk.storage = self._storage_hits(lk, extra_key)
-        return lk
-
-    def _storage_hits(self, lk: _Lookup, extra_key: str | None) -> list[PageHash]:
-        storage = self.cfg.storage
-        if storage is None or self.cfg.hybrid:
-            return []
-        end = lk.gpu_tokens + lk.host_tokens
-        if len(lk.key) - end < self.cfg.prefetch_threshold:
-            return []
-        if lk.partial is not None:
-            parent = lk.partial.last_hash(lk.partial_pages)
-        else:
-            parent = lk.path[-1].last_hash() if lk.path else b""
-        hits: list[PageHash] = []
-        for h in chain_hashes(parent, lk.key[end:], self.page, extra_key):
-            if h not in storage:
-                break
-            hits.append(h)
-        return hits if len(hits) * self.page >= self.cfg.prefetch_threshold else []
-
-    def _prefetch(self, parent: Node, lk: _Lookup, extra_key: str | None) -> Node:
+    def _prefetch(self, parent: Node, lk: Lookup, extra_key: str | None) -> Node:
         start = lk.gpu_tokens + lk.host_tokens
         key = lk.key[start : start + len(lk.storage) * self.page]
         node = self.tree.new_node(parent, key, tuple(lk.storage))
@@ -279,7 +203,7 @@ class RadixCache:
         self._hit(node)
         return node
 
-    def _count(self, lk: _Lookup) -> None:
+    def _count(self, lk: Lookup) -> None:
         t, stored = self._totals, len(lk.storage) * self.page
         t["gpu_hit_tokens_total"] += lk.gpu_tokens
         t["host_hit_tokens_total"] += lk.host_tokens
@@ -291,7 +215,7 @@ class RadixCache:
     def _insert(self, tokens: Sequence[int], extra_key: str | None, chunked: bool) -> Node:
         """Insert the whole pages of ``tokens``; hit counts unless ``chunked``. Returns the deepest node
         reached (the root if nothing could be placed)."""
-        self._memo = None
+        self.lookups.forget()
         p = self.page
         key = tuple(tokens[: self.anchors.insert_length(len(tokens) // p * p, p)])
         root = self.tree.root(extra_key)
@@ -379,10 +303,10 @@ class RadixCache:
 
     # ---- state ------------------------------------------------------------------------------------
     def _reset(self) -> None:
-        self._memo = None
         self.tree = Tree(self.page, self._gpu_cap, self._host_cap)
         self.anchors = Anchors(self.cfg, self._evict_leaf, self.tree.delete)
         self.tree.watcher = self.anchors
+        self.lookups = Lookups(self.cfg, self.tree, self.anchors)
         self._active = 0
 
     def _release(self, lock: Lock) -> bool:

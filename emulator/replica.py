@@ -4,7 +4,8 @@
 the engine limits). Route handlers turn a parsed request into a `Job`, sample its outputs, call
 `Replica.open(request, job, completions)` and read `Run.events()`; leaving the `Run` context before the
 request finished (client gone: aiohttp cancels the handler) aborts it in the engine and counts it in
-num_aborted_requests_total, as SGLang does. `Sse` writes event streams (and cuts them on a fault).
+num_aborted_requests_total, as SGLang does. Streams are written by sse.py, faults applied by
+fault_hook.py.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 
 from emulator.config import EmulatorConfig
 from emulator.engine import Engine
-from emulator.faults import Fault, Faults
+from emulator.faults import Faults
 from emulator.metrics import Metrics
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
@@ -30,6 +32,7 @@ from emulator.timing import PROFILES, ProfileTiming
 from emulator.tokenizer import PseudoTokenizer
 
 STORAGE_CAPACITY_TOKENS = 50_000_000
+WEIGHT_VERSION = "default"  # /model_info, meta_info and the OpenAI bodies' metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +117,11 @@ class Replica:
     def set_slow(self, factor: float) -> None:
         self.engine.slow_factor = factor
 
+    @property
+    def armed_faults(self) -> Faults | None:
+        """The fault state when faults are enabled (--emu-enable-faults), else None."""
+        return self.faults if self.cfg.emu_enable_faults else None
+
     def open(self, request: web.Request, job: Job, completions: tuple[Completion, ...]) -> Run:
         """Submit the job; its modelled timeline starts when the request arrived (not after parsing)."""
         outputs = tuple(c.ids for c in completions)
@@ -160,6 +168,21 @@ class Run:
                 self.failure = event
             yield event
 
+    @property
+    def cached_tokens(self) -> int:
+        return self.prefilled.cached_tokens if self.prefilled is not None else 0
+
+    def cached_details(self) -> dict[str, Any] | None:
+        """SGLang's cached_tokens_details: `{device, host}`, plus `storage` and `storage_backend` with an
+        L3 backend; None before admission."""
+        pre = self.prefilled
+        if pre is None:
+            return None
+        details: dict[str, Any] = {"device": pre.device, "host": pre.host}
+        if self.replica.cfg.hicache_storage_backend:
+            details |= {"storage": pre.storage, "storage_backend": "HiCacheFile"}
+        return details
+
     def elapsed(self) -> float:
         """Modelled seconds since the request arrived."""
         return (time.monotonic() - self.started) / self.replica.cfg.time_scale
@@ -179,48 +202,32 @@ class Run:
         self.replica.metrics.on_finish(ttft, (now - self.started) / scale, itl)
 
 
-class StreamCut(Exception):
-    """Raised by Sse.send when a cut_stream fault closes the connection."""
+async def merged_events(runs: Sequence[Run]) -> AsyncGenerator[tuple[int, Event], None]:
+    """The events of several runs (the prompts of a batch) as they come, each with its run's index."""
+    if len(runs) == 1:
+        async for event in runs[0].events():
+            yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Event | None]] = asyncio.Queue()
 
+    async def pump(k: int, run: Run) -> None:
+        async for event in run.events():
+            queue.put_nowait((k, event))
+        queue.put_nowait((k, None))
 
-class Sse:
-    """Writes `data: <json>` events; closes the connection after `cut_after` events (a fault)."""
-
-    def __init__(self, request: web.Request, response: web.StreamResponse, cut_after: int | None) -> None:
-        self.request = request
-        self.response = response
-        self.cut_after = cut_after
-        self.sent = 0
-
-    @classmethod
-    async def start(cls, request: web.Request, headers: dict[str, str], cut_after: int | None) -> Sse:
-        response = web.StreamResponse(headers={"Cache-Control": "no-cache", **headers})
-        response.content_type = "text/event-stream"
-        await response.prepare(request)
-        return cls(request, response, cut_after)
-
-    async def send(self, payload: bytes) -> None:
-        if self.cut_after is not None and self.sent >= self.cut_after:
-            if self.request.transport is not None:
-                self.request.transport.close()
-            raise StreamCut
-        await self.response.write(b"data: " + payload + b"\n\n")
-        self.sent += 1
-
-    async def done(self) -> web.StreamResponse:
-        await self.send(b"[DONE]")
-        await self.response.write_eof()
-        return self.response
-
-
-async def take_fault(replica: Replica, streaming: bool) -> Fault | None:
-    """The fault armed for this request; a "hang" never returns (until the client leaves)."""
-    if not replica.cfg.emu_enable_faults:
-        return None
-    fault = replica.faults.take(streaming)
-    if fault is not None and fault.kind == "hang":
-        await asyncio.Event().wait()
-    return fault
+    tasks = [asyncio.create_task(pump(k, run)) for k, run in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            k, item = await queue.get()
+            if item is None:
+                left -= 1
+            else:
+                yield k, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def debug_headers(replica: Replica) -> dict[str, str]:

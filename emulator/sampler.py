@@ -8,6 +8,8 @@ from the pseudo-tokenizer, so `prompt + output` is exactly what a follow-up turn
 Length rules (OpenAI routes and /generate alike):
 - a max token count given → exactly that many tokens, finish reason "length";
 - none given → a deterministic natural length in 16..64, finish reason "stop" (matched: the EOS id);
+- a JSON constraint (structured_output.py) → the tokens of the drawn JSON text, finish reason "stop"
+  (matched: EOS), or its first max-token-count tokens and "length" when that is shorter;
 - `stop` strings: the text is cut before the earliest match, finish reason "stop", matched: that string;
   the token that completed the match is the last one counted.
 """
@@ -22,68 +24,9 @@ from dataclasses import dataclass
 
 import xxhash
 
+from emulator.structured_output import JsonGrammar
 from emulator.tokenizer import PseudoTokenizer
-
-_WORDS = [
-    "the",
-    "cache",
-    "page",
-    "host",
-    "gpu",
-    "tier",
-    "load",
-    "hit",
-    "miss",
-    "warm",
-    "cold",
-    "fast",
-    "slow",
-    "node",
-    "leaf",
-    "tree",
-    "root",
-    "key",
-    "data",
-    "time",
-    "plan",
-    "move",
-    "keep",
-    "copy",
-    "send",
-    "read",
-    "back",
-    "next",
-    "turn",
-    "user",
-    "chat",
-    "doc",
-    "text",
-    "line",
-    "word",
-    "part",
-    "fill",
-    "pool",
-    "slot",
-    "step",
-    "wait",
-    "run",
-    "done",
-    "ok",
-    "yes",
-    "and",
-    "or",
-    "to",
-    "of",
-    "in",
-    "on",
-    "at",
-    "by",
-    "it",
-    "is",
-    "be",
-    "as",
-    "we",
-]
+from emulator.words import WORDS
 
 EOS_TEXT = "<|im_end|>"
 
@@ -95,6 +38,7 @@ class Sampling:
     n: int = 1
     seed: int | None = None
     top_logprobs: int = 0
+    grammar: JsonGrammar | None = None  # structured output (response_format / json_schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +66,13 @@ class Sampler:
         self.seed = seed
         self.eos_id = tokenizer.encode(EOS_TEXT)[0]
 
+    def rng(self, prompt: Sequence[int], seed: int | None, choice: int) -> random.Random:
+        """The RNG of one choice: keyed by (emulator seed, prompt ids, choice, request seed)."""
+        return random.Random(self._key(prompt, seed, choice))
+
     def sample(self, prompt: Sequence[int], params: Sampling, choice: int) -> Completion:
-        rng = random.Random(self._key(prompt, params.seed, choice))
-        natural = params.max_new is None
-        length = rng.randint(16, 64) if params.max_new is None else params.max_new
-        ids = self._tokens(rng, length)
+        rng = self.rng(prompt, params.seed, choice)
+        ids, natural = self._draw(rng, params)
         pieces = tuple(self.tokenizer.decode([i]) for i in ids)
         text = "".join(pieces)
         finish = "stop" if natural else "length"
@@ -142,10 +88,21 @@ class Sampler:
         )
         return Completion(tuple(ids), pieces, text, finish, matched, logprobs, top)
 
+    def _draw(self, rng: random.Random, params: Sampling) -> tuple[list[int], bool]:
+        """The output ids, and whether they end naturally (at EOS) rather than at max_new."""
+        if params.grammar is not None:
+            ids = self.tokenizer.encode(params.grammar.draw(rng))
+            if params.max_new is not None and params.max_new < len(ids):
+                return ids[: params.max_new], False
+            return ids, True
+        if params.max_new is None:
+            return self._tokens(rng, rng.randint(16, 64)), True
+        return self._tokens(rng, params.max_new), False
+
     def _tokens(self, rng: random.Random, length: int) -> list[int]:
         ids: list[int] = []
         while len(ids) < length:
-            words = " ".join(rng.choice(_WORDS) for _ in range(max(8, length)))
+            words = " ".join(rng.choice(WORDS) for _ in range(max(8, length)))
             ids.extend(self.tokenizer.encode(" " + words if ids else words))
         return ids[:length]
 
@@ -153,7 +110,7 @@ class Sampler:
     def _top(rng: random.Random, piece: str, lp: float, k: int) -> tuple[tuple[str, float], ...]:
         alts = [(piece, lp)]
         while len(alts) < k:
-            alts.append((rng.choice(_WORDS), round(lp - 0.5 - rng.random(), 4)))
+            alts.append((rng.choice(WORDS), round(lp - 0.5 - rng.random(), 4)))
         return tuple(alts[:k])
 
     def _key(self, prompt: Sequence[int], seed: int | None, choice: int) -> int:

@@ -16,7 +16,7 @@ connection); an abort through /abort_request is counted the same way (num_aborte
 
 The frame middleware wraps every route: arrival time, the API key, the request log (--emu-debug, see
 request_log.py), the connection-level faults (a reset before any byte on generation routes, failing
-health probes; see faults.py) and SGLang's flat 500 body for unexpected errors.
+health probes; see fault_hook.py) and SGLang's flat 500 body for unexpected errors.
 """
 
 from __future__ import annotations
@@ -25,15 +25,13 @@ import asyncio
 import contextlib
 import dataclasses
 import signal
-import socket
-import struct
 import sys
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from emulator import info_api, native_api, openai_api
+from emulator import fault_hook, info_api, native_api, openai_api, openai_request
 from emulator.config import EmulatorConfig
 from emulator.errors import ApiError, flat_error, json_response, native_error, read_json
 from emulator.faults import FaultError
@@ -43,7 +41,6 @@ from emulator.request_log import Entry, is_logged
 _OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
 _PROBE_PATHS = frozenset({"/health", "/health_generate", "/ready"})
 _GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
-_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a TCP RST
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -87,11 +84,13 @@ async def _guarded(
     open_path = request.path in _OPEN_PATHS or request.method == "OPTIONS"
     if key and not open_path and request.headers.get("Authorization") != f"Bearer {key}":
         return json_response({"error": "Unauthorized"}, 401)
-    if replica.cfg.emu_enable_faults:
-        if request.path in _PROBE_PATHS and replica.faults.probe_fails(asyncio.get_running_loop().time()):
+    faults = replica.armed_faults
+    if faults is not None:
+        if request.path in _PROBE_PATHS and fault_hook.probe_fails(faults):
             return web.Response(status=503)
-        if request.path in _GENERATION_PATHS and replica.faults.take_reset():
-            await _reset(request, entry)
+        if request.path in _GENERATION_PATHS and faults.take_reset():
+            _finish(entry, "reset")
+            await fault_hook.reset(request)
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -109,22 +108,6 @@ async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-async def _reset(request: web.Request, entry: Entry | None) -> None:
-    """A connection reset before any response byte: read the body (the client finished sending), send a
-    TCP RST, then wait for the cancellation the lost connection brings (handler_cancellation)."""
-    with contextlib.suppress(web.HTTPException):
-        await request.read()
-    _finish(entry, "reset")
-    transport = request.transport
-    if transport is not None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
-        transport.abort()
-    await asyncio.Event().wait()
 
 
 async def flush_cache(request: web.Request) -> web.Response:
@@ -193,9 +176,9 @@ async def emu_predict(request: web.Request) -> web.Response:
         if not isinstance(inner, dict):
             raise ApiError("body must be an object")
         if path == "/v1/chat/completions":
-            job = openai_api.parse_chat(inner, replica)[0]
+            job = openai_request.parse_chat(inner, replica)[0][0]
         elif path == "/v1/completions":
-            job = openai_api.parse_completion(inner, replica)[0]
+            job = openai_request.parse_completion(inner, replica)[0][0]
         elif path == "/generate":
             job = native_api.parse_generate(inner, replica)
         else:

@@ -1,4 +1,4 @@
-"""Regenerate this directory's tokenizer files: `python emulator/model/make_tokenizer.py`.
+"""Regenerate this directory's tokenizer files: `python -m emulator.model.make_tokenizer` (repository root).
 
 sglang-router loads the tokenizer named by a worker's model_path from a LOCAL directory (a name that is not
 a directory makes it download from a hub, which must never happen here). This writes a tiny valid
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from emulator.words import WORDS
 
 HERE = Path(__file__).resolve().parent
 SPECIALS = {
@@ -122,47 +124,7 @@ _WORDS = [
     "take",
     "took",
     "work",
-    "cache",
-    "page",
-    "host",
-    "gpu",
-    "tier",
-    "load",
-    "hit",
-    "miss",
-    "warm",
-    "cold",
-    "fast",
-    "slow",
-    "node",
-    "leaf",
-    "tree",
-    "root",
-    "key",
-    "data",
-    "time",
-    "plan",
-    "move",
-    "keep",
-    "copy",
-    "send",
-    "read",
-    "back",
-    "next",
-    "turn",
-    "user",
-    "chat",
-    "doc",
-    "text",
-    "line",
-    "word",
-    "part",
-    "fill",
-    "pool",
-    "slot",
-    "step",
-    "wait",
-    "run",
+    *WORDS,  # the sampler's output vocabulary (emulator/words.py)
     "ok",
     "system",
     "assistant",

@@ -272,3 +272,61 @@ async def test_cache_salt_namespaces_and_tokenize(emulator: StartEmu, http: aioh
     assert tok["count"] == len(tok["tokens"]) > 0
     async with http.post(f"{emu.url}/detokenize", json={"tokens": tok["tokens"]}) as resp:
         assert (await resp.json())["text"] == "hello kv cache"
+
+
+async def test_tool_calls_are_parsed_by_default(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
+    tool = {"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}
+    body = dict(CHAT, tools=[tool])
+    for flags, finish in (((), "tool_calls"), (("--tool-call-parser", "none"), "length")):
+        emu = await emulator(*FAST, *flags)
+        async with http.post(f"{emu.url}/v1/chat/completions", json=body) as resp:
+            choice = (await resp.json())["choices"][0]
+        assert choice["finish_reason"] == finish
+        assert (choice["message"]["tool_calls"] is None) == (finish == "length")
+    async with http.get(f"{emu.url}/v1/models") as resp:
+        assert (await resp.json())["data"][0]["id"] == "kvroute-emu"  # the default served model name
+
+
+async def test_completions_batch(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
+    emu = await emulator(*FAST, "--enable-cache-report")
+    single = {"model": "m", "max_tokens": 3, "n": 2}
+    prompts = ["first prompt here", "the second one"]
+    alone = []
+    for prompt in prompts:
+        async with http.post(f"{emu.url}/v1/completions", json=single | {"prompt": prompt}) as resp:
+            alone.append(await resp.json())
+    batch = single | {"prompt": prompts, "echo": True}
+    async with http.post(f"{emu.url}/v1/completions", json=batch) as resp:
+        assert resp.status == 200
+        out = await resp.json()
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    expected = [p + c["text"] for p, a in zip(prompts, alone, strict=True) for c in a["choices"]]
+    assert [c["text"] for c in out["choices"]] == expected  # choice k*n+i: choice i of prompt k, echoed
+    usage = out["usage"]
+    assert usage["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert usage["completion_tokens"] == 12 and usage["total_tokens"] == usage["prompt_tokens"] + 12
+    assert usage["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 2  # both seen before
+    ids = {"model": "m", "max_tokens": 2, "prompt": [[11, 12, 13], [21, 22]]}
+    async with http.post(f"{emu.url}/v1/completions", json=ids) as resp:
+        assert len((await resp.json())["choices"]) == 2
+
+
+async def test_completions_batch_stream(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
+    emu = await emulator(*FAST)
+    body = {"model": "m", "prompt": ["one two", "three"], "n": 2, "max_tokens": 3, "stream": True}
+    async with http.post(
+        f"{emu.url}/v1/completions", json=body | {"stream_options": {"include_usage": True}}
+    ) as resp:
+        events = await _sse(resp)
+    assert events[-1] == "[DONE]"
+    chunks, usage_chunk = events[:-2], events[-2]
+    texts = {
+        i: "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i) for i in range(4)
+    }
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"][0]["finish_reason"] == "length"]
+    assert sorted(finishes) == [0, 1, 2, 3] and all(texts.values())
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == 12
+    async with http.post(f"{emu.url}/v1/completions", json=body | {"stream": False}) as resp:
+        whole = await resp.json()
+    assert [c["text"] for c in whole["choices"]] == [texts[i] for i in range(4)]
+    assert whole["usage"]["prompt_tokens"] == usage_chunk["usage"]["prompt_tokens"]

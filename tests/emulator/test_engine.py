@@ -239,7 +239,10 @@ def test_config_takes_sglang_flags_and_ignores_unknown_ones() -> None:
     assert cfg.ignored_flags == ("--cuda-graph-max-bs", "--enable-torch-compile", "--attention-backend")
     assert cfg.gpu_tokens == 159_746  # 233,207 minus HiCache's ~31.5% (the seeds: 159,692)
     assert cfg.host_tokens == 2 * 159_746 + 1
-    assert cfg.served_model_name == cfg.model_path and Path(cfg.model_path, "tokenizer.json").is_file()
+    assert cfg.served_model_name == "kvroute-emu" and Path(cfg.model_path, "tokenizer.json").is_file()
+    assert cfg.tool_call_parser == "qwen25"  # on by default, unlike SGLang
+    assert parse_args(["--tool-call-parser", "none"]).tool_call_parser is None
+    assert parse_args(["--served-model-name", "qwen"]).served_model_name == "qwen"
     capped = parse_args(["--ports", "1,2", "--max-total-tokens", "1000", "--page-size", "64"])
     assert capped.ports == (1, 2) and capped.gpu_tokens == 960
     with pytest.raises(SystemExit):

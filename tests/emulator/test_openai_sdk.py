@@ -1,9 +1,11 @@
-"""The official openai SDK (sync and async) parses every emulator response shape, errors included."""
+"""The official openai SDK (sync and async) parses every emulator response shape, errors included, and its
+structured-output helpers (`parse` with a Pydantic model) get valid instances."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from typing import Literal
 
 import openai
 import pytest
@@ -13,6 +15,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
     ChatCompletionToolParam,
 )
+from pydantic import BaseModel, Field
 
 from tests.emulator.conftest import StartEmu
 
@@ -131,3 +134,35 @@ async def test_sync_client(emulator: StartEmu) -> None:
     emu = await emulator(*FAST)
     full, streamed = await asyncio.to_thread(_sync_calls, f"{emu.url}/v1")
     assert full and full == streamed
+
+
+class Step(BaseModel):
+    tool: Literal["grep", "read"]
+    why: str
+
+
+class Plan(BaseModel):
+    """A strict structured output: nested model, list, enum, optional (anyOf null)."""
+
+    goal: str
+    steps: list[Step]
+    budget: int = Field(ge=1, le=10)
+    note: str | None
+
+
+async def test_parse_with_a_pydantic_model(emulator: StartEmu) -> None:
+    emu = await emulator(*FAST)
+    async with AsyncOpenAI(base_url=f"{emu.url}/v1", api_key="none", max_retries=0) as client:
+        beta = await client.beta.chat.completions.parse(model="m", messages=MSGS, response_format=Plan)
+        parsed = beta.choices[0].message.parsed
+        assert isinstance(parsed, Plan) and beta.choices[0].finish_reason == "stop"
+        again = await client.chat.completions.parse(model="m", messages=MSGS, response_format=Plan)
+        assert again.choices[0].message.parsed == parsed  # same request, same output
+        async with client.beta.chat.completions.stream(
+            model="m", messages=MSGS, response_format=Plan, seed=3
+        ) as stream:
+            final = await stream.get_final_completion()
+        streamed = final.choices[0].message.parsed
+        assert isinstance(streamed, Plan) and streamed != parsed
+        with pytest.raises(openai.LengthFinishReasonError):  # cut by max tokens: the SDK's own error
+            await client.chat.completions.parse(model="m", messages=MSGS, response_format=Plan, max_tokens=4)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from emulator.radix import Admission, CacheConfig, RadixCache
-from emulator.tiers import Node
+from emulator.radix_node import Node
 
 Key = tuple[str | None, tuple[int, ...]]
 

@@ -1,9 +1,10 @@
 """The official sglang-router (0.3.2) accepts 3 emulated replicas as workers and routes through them.
 
 This is our check that the emulator looks like SGLang to a real peer: the router registers each worker
-(GET /health, /server_info, /model_info), loads the tokenizer named by the worker's model_path (the
-shipped local emulator/model directory: never a hub download, HF_HUB_OFFLINE=1), and proxies chat,
-streaming chat and completions, which the official openai SDK parses.
+(GET /health, /server_info, /model_info) under its served_model_name (the emulator's short default id),
+loads the tokenizer named by the worker's model_path (the shipped local emulator/model directory: never
+a hub download, HF_HUB_OFFLINE=1), and proxies chat, streaming chat and completions, which the official
+openai SDK parses.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from emulator.config import MODEL_DIR
 from emulator.launcher import EmulatorFleet, free_ports, stop_process
 
 pytestmark = pytest.mark.slow
@@ -93,8 +96,17 @@ async def _traffic(router: str) -> None:
         assert comp.choices[0].text and comp.usage is not None and comp.usage.completion_tokens == 3
 
 
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.load(resp)
+
+
 @pytest.mark.parametrize("router", ["round_robin"], indirect=True)
 async def test_round_robin_spreads_over_workers(router: str, fleet: EmulatorFleet) -> None:
+    workers = _get(f"{router}/workers")["workers"]
+    assert len(workers) == 3 and {w["model_id"] for w in workers} == {"kvroute-emu"}  # the short default id
+    assert {w["metadata"]["model_path"] for w in workers} == {str(MODEL_DIR)}  # its tokenizer directory
+    assert [m["id"] for m in _get(f"{router}/v1/models")["data"]] == ["kvroute-emu"]
     before = _requests_per_worker(fleet)
     for _ in range(2):
         await _traffic(router)

@@ -1,196 +1,22 @@
-"""Value types and building blocks of the emulated radix cache (see ``emulator/radix.py``).
+"""The emulated radix tree's nodes and pool accounting (``Tree``), used by ``emulator/radix.py``.
 
-- ``CacheConfig``: the cache's shape (pool sizes in tokens, page size, write policy, storage, hybrid).
-- ``MatchResult`` / ``Admission`` / ``CacheStats``: what the cache reports.
-- ``Node``: one radix-tree edge (a run of whole pages) with its tier flags, lock count, hit count, LRU
-  clock and (hybrid models) recurrent-state anchors on GPU / host.
-- ``LruIndex``: a min-heap of nodes by last access with lazy deletion. Membership is explicit (``add`` /
-  ``discard``); a node touched again is re-pushed and its old entry becomes stale. ``pop`` returns the
-  least recently used member in O(log n) amortised; the heap is rebuilt when stale entries outnumber
-  members, so memory stays O(members). This is what keeps eviction free of whole-tree scans.
+Every change of a node's tier, lock or access time goes through ``Tree``, so the page counters (GPU tree
+pages, host pages, reserved pages, unlocked GPU pages) and the two eviction indexes (unlocked GPU
+leaves; unlocked host-only leaves, both ``LruIndex``) stay exact without any scan. GPU residency is
+tree-closed (a GPU node's ancestors are on GPU); so is presence in the tree. A ``NodeWatcher`` (the
+hybrid anchor pools) hears about every node change.
+
+Matching an edge (``_common_pages``) compares slices of about ``_CHUNK`` tokens, then binary-searches the
+first differing chunk: work proportional to the shared length.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
-from emulator.storage import PageHash, Storage
-
-WritePolicyName = Literal["write_back", "write_through", "write_through_selective"]
-WRITE_POLICIES: tuple[str, ...] = ("write_back", "write_through", "write_through_selective")
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """Sizes are in tokens; the pools hold ``tokens // page_size`` pages."""
-
-    gpu_tokens: int
-    page_size: int = 1
-    hicache: bool = False
-    host_tokens: int = 0
-    write_policy: str = "write_through"
-    storage: Storage | None = None
-    load_back_threshold: int = 10
-    prefetch_threshold: int = 256
-    hybrid: bool = False
-    mamba_slots: int = 0
-    host_mamba_slots: int = 0
-    mamba_track_interval: int = 256
-    mamba_extra_buffer: bool = False
-
-    def __post_init__(self) -> None:
-        if self.page_size < 1:
-            raise ValueError("page_size must be >= 1")
-        if self.gpu_tokens < self.page_size:
-            raise ValueError("gpu_tokens must hold at least one page")
-        if self.write_policy not in WRITE_POLICIES:
-            raise ValueError(f"write_policy must be one of {WRITE_POLICIES}, not {self.write_policy!r}")
-        if self.hybrid and self.mamba_slots < 1:
-            raise ValueError("a hybrid cache needs mamba_slots >= 1")
-        if self.mamba_track_interval < 1:
-            raise ValueError("mamba_track_interval must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class MatchResult:
-    """A pure peek: the usable prefix split by tier (what ``admit`` would use right now)."""
-
-    gpu_tokens: int
-    host_tokens: int
-    storage_tokens: int
-
-    @property
-    def total(self) -> int:
-        return self.gpu_tokens + self.host_tokens + self.storage_tokens
-
-
-class Lock:
-    """The mutable part of an admission: the locked path's deepest node, the recurrent-state anchor it
-    pins (hybrid), its GPU reservation, and the cache generation (a restart voids old locks). The node's
-    depth is the prefix the request holds in the tree: the match at admission, then whatever it inserted
-    while unfinished (node and anchor move down, the reservation shrinks by the pages inserted)."""
-
-    __slots__ = ("anchor", "generation", "node", "released", "reserved_tokens")
-
-    def __init__(self, node: Node, anchor: Node, reserved_tokens: int, generation: int) -> None:
-        self.node = node
-        self.anchor = anchor
-        self.reserved_tokens = reserved_tokens
-        self.generation = generation
-        self.released = False
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """One admitted request: what it reused from each tier, and its lock handle (opaque to callers)."""
-
-    gpu_hit_tokens: int
-    host_loaded_tokens: int
-    storage_loaded_tokens: int
-    cached_tokens: int
-    lock: Lock = field(repr=False, compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    gpu_capacity: int
-    gpu_used: int
-    gpu_cached: int
-    gpu_evictable: int
-    host_capacity: int
-    host_used: int
-    storage_used: int
-    evicted_tokens_total: int
-    load_back_tokens_total: int
-    backuped_tokens_total: int
-    prefetched_tokens_total: int
-    host_hit_tokens_total: int
-    gpu_hit_tokens_total: int
-    storage_hit_tokens_total: int
-    mamba_used: int
-    mamba_host_used: int
-
-
-@dataclass(eq=False, slots=True)
-class Node:
-    """A radix edge. ``key`` is a whole number of pages; ``depth`` counts tokens from the root to its end."""
-
-    uid: int
-    parent: Node | None
-    key: tuple[int, ...]
-    depth: int
-    children: dict[tuple[int, ...], Node] = field(default_factory=dict)
-    gpu: bool = False
-    host: bool = False
-    lock_ref: int = 0
-    last_access: int = 0
-    hit_count: int = 0
-    gpu_children: int = 0
-    mamba_gpu: bool = False
-    mamba_host: bool = False
-    mamba_lock: int = 0  # running requests resuming from this node's anchor
-    hashes: tuple[PageHash, ...] = ()
-
-    @property
-    def start(self) -> int:
-        return self.depth - len(self.key)
-
-    def last_hash(self, pages: int | None = None) -> PageHash:
-        """The chained storage hash after ``pages`` pages of this node (all by default)."""
-        if pages is None:
-            return self.hashes[-1] if self.hashes else b""
-        if pages == 0:
-            return self.parent.last_hash() if self.parent is not None else b""
-        return self.hashes[pages - 1]
-
-
-class LruIndex:
-    """Members ordered by ``Node.last_access`` (ties by uid); lazy-deletion heap."""
-
-    __slots__ = ("_heap", "_members")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, int, Node]] = []
-        self._members: dict[Node, int] = {}
-
-    def __len__(self) -> int:
-        return len(self._members)
-
-    def __contains__(self, node: Node) -> bool:
-        return node in self._members
-
-    def set(self, node: Node, member: bool) -> None:
-        if member:
-            self.add(node)
-        else:
-            self.discard(node)
-
-    def add(self, node: Node) -> None:
-        if self._members.get(node) == node.last_access:
-            return
-        self._members[node] = node.last_access
-        heapq.heappush(self._heap, (node.last_access, node.uid, node))
-        if len(self._heap) > 2 * len(self._members) + 64:
-            self._heap = [(t, n.uid, n) for n, t in self._members.items()]
-            heapq.heapify(self._heap)
-
-    def discard(self, node: Node) -> None:
-        self._members.pop(node, None)
-
-    def pop(self) -> Node | None:
-        while self._heap:
-            clock, _, node = heapq.heappop(self._heap)
-            if self._members.get(node) == clock:
-                del self._members[node]
-                return node
-        return None
-
-    def clear(self) -> None:
-        self._heap.clear()
-        self._members.clear()
+from emulator.radix_node import LruIndex, Node
+from emulator.storage import PageHash
 
 
 class NodeWatcher(Protocol):

@@ -26,9 +26,10 @@ from pathlib import Path
 import aiohttp
 
 from bench import floor, plots, report, systems, workloads
-from bench.fleet import FleetSpec, replica_counters
+from bench.fleet import EmulatorFleet, FleetSpec, replica_counters
+from bench.procs import NotReady, served_model
 from bench.progress import Progress
-from bench.runner import Record, replay, rotating, served_model
+from bench.runner import Record, replay, rotating
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -71,7 +72,7 @@ async def _replay(
 async def run_system(cfg: BenchConfig, wl: workloads.Workload, system: systems.System) -> RunResult:
     logs = cfg.out_dir / wl.name / "logs"
     progress = Progress(f"{wl.name:<8} {system.name}", len(wl.requests))
-    async with systems.emulator_fleet(
+    async with EmulatorFleet(
         cfg.fleet.replicas, cfg.fleet.args(cfg.seed), logs / f"{system.name}.emulator.log"
     ) as fleet:
         before = await replica_counters(fleet.urls)
@@ -84,7 +85,7 @@ async def run_system(cfg: BenchConfig, wl: workloads.Workload, system: systems.S
                         model_error = await model_error_ratio(proc.urls[0])
             else:
                 records = await _replay(cfg, wl, fleet.urls, progress)
-        except systems.SystemUnavailable as exc:
+        except NotReady as exc:
             progress.close(f"skipped: {exc}"[:300])
             return RunResult(None, {}, str(exc)[:300])
         after = await replica_counters(fleet.urls)
@@ -225,7 +226,7 @@ def main(argv: list[str]) -> int:
     for name in cfg.workloads:
         try:
             asyncio.run(run_workload(cfg, name))
-        except systems.SystemUnavailable as exc:
+        except NotReady as exc:
             print(f"kvroute bench: the emulated fleet did not start: {exc}", file=sys.stderr)
             return 1
     return 0

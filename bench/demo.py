@@ -32,7 +32,8 @@ import openai
 from aiohttp import web
 from openai.types.chat import ChatCompletionChunk
 
-from emulator.launcher import EmulatorFleet, free_ports
+from bench.fleet import EmulatorFleet
+from bench.procs import free_ports
 from proxy.server import build_app
 from proxy.settings import Settings
 from routing.config import POLICY_NAMES, PolicyName

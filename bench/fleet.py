@@ -1,4 +1,9 @@
-"""The emulated fleet the benchmark runs on: its launch flags, its shape, and its request counters.
+"""The emulated fleet the benchmark runs on: the process, its launch flags, its shape, its counters.
+
+`EmulatorFleet(n, args)` runs ONE process `python -m emulator --host H --ports P1,...,Pn ARGS` serving n
+replicas (a `bench.procs.ManagedProcess`: ready when every replica lists its model, stopped by PID). The
+tests, the demo and the benchmarks all start emulated replicas through it; the emulator package itself
+knows nothing about it.
 
 Every replica runs SGLang's HiCache write_back setup (`--enable-hierarchical-cache --hicache-write-policy
 write_back --hicache-ratio 2`) with `--enable-cache-report --enable-metrics` and the emulator's debug
@@ -13,17 +18,40 @@ per-replica load for every system, including the ones that do not say where they
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bench.procs import LOOPBACK, ManagedProcess, free_ports
 from bench.runner import replica_id
 from bench.workloads import FleetShape
 
 DEFAULT_TIME_SCALE = 0.05
 HICACHE_RATIO = 2
+
+
+class EmulatorFleet(ManagedProcess):
+    """n emulated SGLang replicas in one `python -m emulator` process on free loopback ports."""
+
+    def __init__(
+        self,
+        n: int,
+        args: Sequence[str] = (),
+        log: Path | None = None,
+        ports: Sequence[int] | None = None,
+        host: str = LOOPBACK,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.ports = list(ports) if ports is not None else free_ports(n, host)
+        if len(self.ports) != n:
+            raise ValueError(f"{n} replicas need {n} ports, got {len(self.ports)}")
+        argv = [sys.executable, "-m", "emulator", "--host", host, "--ports", ",".join(map(str, self.ports))]
+        urls = [f"http://{host}:{p}" for p in self.ports]
+        super().__init__([*argv, *args], urls, log, ready_timeout_s=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)

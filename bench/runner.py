@@ -262,17 +262,6 @@ async def replay(
         return await Replay(workload, choose, scale, deadline_s, progress, model).run(session)
 
 
-async def served_model(base_url: str) -> str | None:
-    """The first model id that `GET /v1/models` lists (None when it lists none or is not JSON)."""
-    async with aiohttp.ClientSession() as session, session.get(base_url + "/v1/models") as resp:
-        raw = await resp.read()
-    try:
-        models = orjson.loads(raw).get("data") or []
-        return str(models[0]["id"]) if models else None
-    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
-        return None
-
-
 def rotating(urls: Sequence[str]) -> Chooser:
     """Client-side round robin with no proxy: the i-th request sent goes to urls[i % n]."""
     counter = iter(range(1 << 62))

@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from bench import cli, report, systems, workloads
-from bench.fleet import FleetSpec
+from bench.fleet import EmulatorFleet, FleetSpec
 from bench.oracle import predict_payload
 from bench.runner import send_one
 from bench.workloads import CHAT, COMPLETIONS, TimedRequest
@@ -64,7 +64,7 @@ async def test_oracle_pre_tokenized_predictions_equal_the_emulators_own(tmp_path
     turn = next(r for r in wl.requests if r.after is not None)
     prompt = {"model": "m", "prompt": "Hello there.\nGeneral Kenobi.", "max_tokens": 2}
     reqs = [turn, TimedRequest(99, 0.0, "s", COMPLETIONS, prompt, 10, "t")]
-    async with systems.emulator_fleet(1, spec.args(1), tmp_path / "emu.log") as fleet:
+    async with EmulatorFleet(1, spec.args(1), tmp_path / "emu.log") as fleet:
         url = fleet.urls[0]
         async with aiohttp.ClientSession() as session:
             await send_one(session, url, reqs[0], 0.02, 0.0)

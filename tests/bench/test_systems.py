@@ -8,6 +8,7 @@ import pytest
 
 from bench import cli, systems
 from bench.oracle import OracleState
+from bench.procs import free_ports
 from bench.workloads import GENERATORS
 
 
@@ -30,7 +31,7 @@ def test_selection_by_name_and_group() -> None:
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = systems.free_ports(6)
+    ports = free_ports(6)
     assert len(set(ports)) == 6 and all(p > 0 for p in ports)
 
 

@@ -134,13 +134,14 @@ def caption(name: str, point: Point, seeds: Sequence[int], offered: load.Offered
 
 
 def meta(run: RunSettings, prep: Prepared, point: Point, seeds: Sequence[int]) -> dict[str, object]:
+    swept = point.load is not None
     return {
         **prep.fleet.meta(),
         "load": point.load,
-        "offered_load": round(prep.offered.floor, 4),
-        "offered_load_cold": round(prep.offered.cold, 4),
-        "offered_load_peak": round(prep.offered.peak, 4),
-        "arrival_span_s": round(prep.offered.span_s, 2),
+        "offered_load": round(prep.offered.floor, 4) if swept else None,
+        "offered_load_cold": round(prep.offered.cold, 4) if swept else None,
+        "offered_load_peak": round(prep.offered.peak, 4) if swept else None,
+        "arrival_span_s": round(prep.offered.span_s, 2) if swept else None,
         "seeds": list(seeds),
         "quick": run.quick,
         "requests": len(prep.workload.requests),
@@ -154,8 +155,9 @@ async def run_seed(
 ) -> tuple[list[report.Summary], dict[str, list[Record]], Prepared]:
     """Every system on `name` with `seed` at `point`; writes its results under `target`."""
     prep = prepare(run, point, name, seed)
+    pace = prep.offered.describe() if point.load is not None else "own pace"
     print(f"   {name} seed {seed}: {len(prep.workload.requests)} requests, ~{prep.workload.prompt_tokens} "
-          f"prompt tokens, {prep.offered.describe()}", file=sys.stderr)  # fmt: skip
+          f"prompt tokens, {pace}", file=sys.stderr)  # fmt: skip
     summaries, all_records, skipped = [], {}, {}
     for system in run.systems:
         result = await run_system(prep, system, seed, target / "logs")

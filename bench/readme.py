@@ -100,13 +100,15 @@ For every (point, workload, seed, system) the runner starts FRESH emulated SGLan
 --enable-cache-report --enable-metrics --emu-debug`, GPU pool capped at 48K tokens by
 `--max-total-tokens`), starts the system from its command template, waits until it is ready (a router:
 until it counts every replica healthy), replays the workload with streaming and
-`stream_options.include_usage`, and stops everything it started.
+`stream_options.include_usage`, and stops everything it started. Time runs 5x faster than modelled
+(`--time-scale 0.2`; agent and probe 0.1).
 
 Systems: `kvroute-<policy>` (cost, round_robin, least_load, cache_aware, consistent_hash),
 `sglang-<policy>` (sglang-router 0.3.2: cache_aware, round_robin, power_of_two), `client-rr` (no proxy,
 the client rotates replica URLs) and `oracle` (`bench/oracle.py`: asks every emulator `POST
 /_emu/predict` for the true predicted TTFT of this request and forwards to the lowest; greedy per
-request, so a strong reference, not a strict bound).
+request, so not a bound: under load it sends a document to the shortest queue even where that means
+computing it again).
 
 Offered load (`bench/load.py`): the emulator's prefill engine is one serial resource per replica, so
 the fleet has `replicas` prefill-seconds of capacity per second. A request's work is the prefill a
@@ -137,7 +139,9 @@ modelled time; "max req/replica" = requests served by the busiest replica (emula
 prefill s/replica" and "max/mean prefill" = prefill seconds the busiest replica spent and its ratio to
 the fleet mean, where a replica's prefill seconds are the timing model's cost of the uncached part of
 every request it served (its reported cached tokens) plus its host and storage reloads (its
-`/_emu/state` counters). Balance is judged in TTFT; max/mean shows where the work went. Extra columns:
+`/_emu/state` counters). Balance is judged in TTFT (the old target of max/mean requests per replica <=
+1.3 is withdrawn); max/mean shows where the work went. Errors (requests cut by the wall-clock cap of a
+run, 60 s + 4x its arrival span) are counted in "errors" and left out of the TTFT statistics. Extra columns:
 rag's first question on a document ("first s") and the others ("repeat s"); mixed's short and long
 requests; probe's cold sends and the documents re-sent after eviction pressure. The `floor` row is not
 a system: each request's TTFT from the timing model on an idle replica holding every prefix sent before

@@ -33,7 +33,6 @@ class PointResult:
     profile: str
     load: float | None
     seeds: tuple[int, ...]
-    offered_cold: float
     table_md: str
     summaries: tuple[Summary, ...]
     path: Path
@@ -69,9 +68,8 @@ def collect(out_dir: Path) -> list[PointResult]:
         if not isinstance(meta, dict) or "seeds" not in meta or "profile" not in meta:
             continue  # not a point of the plan (an older layout)
         table = (path.parent / "table.md").read_text() if (path.parent / "table.md").exists() else ""
-        seeds, cold = tuple(meta["seeds"]), float(meta.get("offered_load_cold", NAN))
-        point = PointResult(str(doc["workload"]), str(meta["profile"]), meta.get("load"), seeds, cold,
-                            table.strip(), tuple(summaries), path.parent)  # fmt: skip
+        point = PointResult(str(doc["workload"]), str(meta["profile"]), meta.get("load"),
+                            tuple(meta["seeds"]), table.strip(), tuple(summaries), path.parent)  # fmt: skip
         points.append(point)
     return sorted(points, key=_key)
 

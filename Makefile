@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test check demo bench bench-overhead fmt clean
+.PHONY: dev test check demo bench bench-matrix bench-overhead fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +30,10 @@ demo: $(STAMP)
 	$(BIN)/kvroute demo
 
 bench: $(STAMP)
-	$(BIN)/kvroute bench all
+	$(BIN)/kvroute bench
+
+bench-matrix: $(STAMP)
+	$(BIN)/kvroute bench --matrix
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead

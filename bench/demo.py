@@ -4,8 +4,9 @@ through the official ``openai`` SDK, and a printed summary.
 What it runs (seeded, a few seconds of wall time), once per policy of ``--policies`` (default
 ``cost,round_robin``), each on fresh replicas so no cache leaks from one policy to the next:
 - 3 emulated replicas (HiCache ``write_back``, cache report, metrics; a time scale that makes a
-  cold 40K-token prefill take ~0.6 s instead of 15 s);
-- the gateway in-process on a free port (``proxy.server.build_app``) with that policy;
+  cold 40K-token prefill take ~1.5 s instead of 15 s);
+- the gateway as users run it, ``kvroute serve --backend URL ... --policy P`` (a subprocess on a free
+  loopback port, ``bench.procs``; its log goes to ``--logs``), spoken to over HTTP only;
 - 4 agent sessions that share a system prompt and tool schemas, 4 streamed turns each (each turn
   extends its own history), running concurrently;
 - 2 long documents, each asked 3 different questions (streamed);
@@ -22,20 +23,21 @@ import asyncio
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import Any
 
 import openai
-from aiohttp import web
 from openai.types.chat import ChatCompletionChunk
 
-from emulator.launcher import EmulatorFleet, free_ports
-from proxy.server import build_app
-from proxy.settings import Settings
-from routing.config import POLICY_NAMES, PolicyName
+from bench.fleet import EmulatorFleet
+from bench.procs import NotReady
+from bench.runner import replica_id
+from bench.systems import kvroute, system_process
 
 EMU_ARGS = [
     "--enable-hierarchical-cache",
@@ -109,7 +111,7 @@ async def ask(
         kwargs.update(tools=tools, tool_choice="none")
     try:
         stream: openai.AsyncStream[ChatCompletionChunk] = await client.chat.completions.create(**kwargs)
-        replica = stream.response.headers.get("x-kvroute-replica", "?")
+        replica = replica_id(stream.response.headers.get("x-kvroute-replica", "?"))
         ttft, text, usage = 0.0, [], None
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content and not ttft:
@@ -178,34 +180,21 @@ async def workload(base: str, args: argparse.Namespace) -> list[Sample]:
     return [s for batch in results for s in batch]
 
 
-async def one_policy(policy: PolicyName, args: argparse.Namespace) -> dict[str, str]:
-    """Fresh emulated replicas (so no cache leaks between policies), the gateway, the workload."""
-    async with EmulatorFleet(3, [*EMU_ARGS, "--emu-time-scale", str(args.time_scale)]) as fleet:
-        settings = Settings(
-            port=free_ports(1)[0],
-            backends=tuple(fleet.urls),
-            policy=policy,
-            seed=args.seed,
-            health_interval=1.0,
-        )
-        runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, settings.host, settings.port).start()
-            samples = await workload(f"http://{settings.host}:{settings.port}", args)
-        finally:
-            await runner.cleanup()
-    return summary(samples, fleet.urls, args.time_scale)
+async def one_policy(policy: str, args: argparse.Namespace) -> dict[str, str]:
+    """Fresh emulated replicas (so no cache leaks between policies), `kvroute serve`, the workload."""
+    flags = [*EMU_ARGS, "--emu-time-scale", str(args.time_scale)]
+    async with EmulatorFleet(3, flags) as fleet:
+        gateway = kvroute(policy, "--seed", str(args.seed), "--health-interval", "1.0")
+        async with system_process(gateway, fleet.urls, args.logs / f"{gateway.name}.log") as proc:
+            samples = await workload(proc.urls[0], args)
+    return summary(samples, [replica_id(u) for u in fleet.urls], args.time_scale)
 
 
 async def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policies = [p for p in args.policies.split(",") if p]
-    unknown = [p for p in policies if p not in POLICY_NAMES]
-    if unknown or not policies:
-        print(
-            f"kvroute demo: unknown policy {unknown}; choose from {', '.join(POLICY_NAMES)}", file=sys.stderr
-        )
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if not policies:
+        print("kvroute demo: --policies names no policy", file=sys.stderr)
         return 2
     print(
         f"kvroute demo: 3 emulated SGLang replicas (HiCache write_back, time scale {args.time_scale}); "
@@ -213,7 +202,11 @@ async def run(args: argparse.Namespace) -> int:
         f"policies: {', '.join(policies)}",
         flush=True,
     )
-    columns = {p: await one_policy(cast(PolicyName, p), args) for p in policies}
+    try:
+        columns = {p: await one_policy(p, args) for p in policies}
+    except NotReady as exc:  # e.g. a policy the gateway does not know: its own error is in the tail
+        print(f"kvroute demo: the gateway did not start: {exc}", file=sys.stderr)
+        return 2
     rows = list(next(iter(columns.values())))
     width = max(len(r) for r in rows)
     colw = max(18, *(len(v) for c in columns.values() for v in c.values()))
@@ -229,8 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="kvroute demo", description="gateway + 3 emulated replicas + a short workload"
     )
     p.add_argument("--policies", default="cost,round_robin", help="comma-separated, run side by side")
-    p.add_argument("--time-scale", type=float, default=0.04, help="emulated seconds x this = real seconds")
+    p.add_argument("--time-scale", type=float, default=0.1, help="emulated seconds x this = real seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--logs", type=Path, default=Path(tempfile.gettempdir()) / "kvroute-demo", help="gateway logs here"
+    )
     return asyncio.run(run(p.parse_args(argv)))
 
 

@@ -1,4 +1,9 @@
-"""The emulated fleet the benchmark runs on: its launch flags, its shape, and its request counters.
+"""The emulated fleet the benchmark runs on: the process, its launch flags, its shape, its counters.
+
+`EmulatorFleet(n, args)` runs ONE process `python -m emulator --host H --ports P1,...,Pn ARGS` serving n
+replicas (a `bench.procs.ManagedProcess`: ready when every replica lists its model, stopped by PID). The
+tests, the demo and the benchmarks all start emulated replicas through it; the emulator package itself
+knows nothing about it.
 
 Every replica runs SGLang's HiCache write_back setup (`--enable-hierarchical-cache --hicache-write-policy
 write_back --hicache-ratio 2`) with `--enable-cache-report --enable-metrics` and the emulator's debug
@@ -6,24 +11,51 @@ endpoints (`--emu-debug`: /_emu/state, /_emu/predict, the `x-emu-replica` header
 capped with `--max-total-tokens` so that workloads whose working set exceeds the fleet's GPU pools stay
 small enough to replay in seconds; the host pool is ratio x GPU, as in SGLang.
 
-`replica_counters` reads each replica's `requests_total` from /_emu/state: the ground truth of
-per-replica load for every system, including the ones that do not say where they sent a request.
+`replica_counters` reads each replica's counters from /_emu/state (requests served, tokens loaded back
+from host and storage): the ground truth of per-replica load for every system, including the ones that
+do not say where they sent a request. `replica_work` turns them, with the cached-token reports and the
+`x-emu-replica` header of each request, into the prefill seconds each replica spent.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from bench.runner import replica_id
+from bench.floor import DEFAULT_PROFILE
+from bench.procs import LOOPBACK, ManagedProcess, free_ports
+from bench.runner import Record, replica_id
 from bench.workloads import FleetShape
+from emulator.timing import PROFILES, ProfileTiming
 
 DEFAULT_TIME_SCALE = 0.05
 HICACHE_RATIO = 2
+
+
+class EmulatorFleet(ManagedProcess):
+    """n emulated SGLang replicas in one `python -m emulator` process on free loopback ports."""
+
+    def __init__(
+        self,
+        n: int,
+        args: Sequence[str] = (),
+        log: Path | None = None,
+        ports: Sequence[int] | None = None,
+        host: str = LOOPBACK,
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.ports = list(ports) if ports is not None else free_ports(n, host)
+        if len(self.ports) != n:
+            raise ValueError(f"{n} replicas need {n} ports, got {len(self.ports)}")
+        argv = [sys.executable, "-m", "emulator", "--host", host, "--ports", ",".join(map(str, self.ports))]
+        urls = [f"http://{host}:{p}" for p in self.ports]
+        super().__init__([*argv, *args], urls, log, ready_timeout_s=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +65,7 @@ class FleetSpec:
     time_scale: float
     page_size: int = 16
     max_running_requests: int = 32
+    profile: str = DEFAULT_PROFILE
 
     @classmethod
     def default(
@@ -45,8 +78,13 @@ class FleetSpec:
     def shape(self) -> FleetShape:
         return FleetShape(self.replicas, self.gpu_tokens, HICACHE_RATIO * self.gpu_tokens)
 
+    @property
+    def timing(self) -> ProfileTiming:
+        return ProfileTiming(PROFILES[self.profile], hicache=True)
+
     def args(self, seed: int) -> list[str]:
         return [
+            "--emu-profile", self.profile,
             "--enable-hierarchical-cache",
             "--hicache-write-policy", "write_back",
             "--hicache-ratio", str(HICACHE_RATIO),
@@ -62,6 +100,7 @@ class FleetSpec:
 
     def meta(self) -> dict[str, object]:
         return {
+            "profile": self.profile,
             "replicas": self.replicas,
             "gpu_tokens_per_replica": self.gpu_tokens,
             "host_tokens_per_replica": HICACHE_RATIO * self.gpu_tokens,
@@ -70,32 +109,63 @@ class FleetSpec:
         }
 
 
-def _find(data: Any, key: str) -> Any:
-    if isinstance(data, dict):
-        if key in data:
-            return data[key]
-        for value in data.values():
-            found = _find(value, key)
-            if found is not None:
-                return found
-    return None
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """What one replica reports in /_emu/state that the benchmark uses (all cumulative)."""
+
+    requests: int
+    host_loaded: int  # tokens loaded back from the host tier (load_back_tokens_total)
+    storage_loaded: int  # tokens prefetched from storage (prefetched_tokens_total)
+
+    def __sub__(self, other: Counters) -> Counters:
+        return Counters(
+            self.requests - other.requests,
+            self.host_loaded - other.host_loaded,
+            self.storage_loaded - other.storage_loaded,
+        )
 
 
-async def _counter(session: aiohttp.ClientSession, url: str) -> int | None:
+def _int(data: Any, key: str) -> int | None:
+    value = data.get(key) if isinstance(data, dict) else None
+    return int(value) if isinstance(value, int | float) else None
+
+
+async def _counters(session: aiohttp.ClientSession, url: str) -> Counters | None:
     try:
         async with session.get(url + "/_emu/state") as resp:
             if resp.status != 200:
                 return None
-            value = _find(await resp.json(), "requests_total")
-            return int(value) if isinstance(value, int | float) else None
+            state = await resp.json()
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
+    cache = state.get("cache") if isinstance(state, dict) else None
+    values = (_int(state, "requests_total"), _int(cache, "load_back_tokens_total"),
+              _int(cache, "prefetched_tokens_total"))  # fmt: skip
+    return None if None in values else Counters(*(v or 0 for v in values))
 
 
-async def replica_counters(urls: Sequence[str]) -> dict[str, int]:
-    """{host:port: requests served so far}; empty when any replica does not expose the counter."""
+async def replica_counters(urls: Sequence[str]) -> dict[str, Counters]:
+    """{host:port: its counters so far}; empty when any replica does not expose them."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as session:
-        values = await asyncio.gather(*(_counter(session, u) for u in urls))
+        values = await asyncio.gather(*(_counters(session, u) for u in urls))
     if any(v is None for v in values):
         return {}
-    return {replica_id(u): int(v or 0) for u, v in zip(urls, values, strict=True)}
+    return {replica_id(u): v for u, v in zip(urls, values, strict=True) if v is not None}
+
+
+def replica_work(
+    records: Sequence[Record], counters: Mapping[str, Counters], timing: ProfileTiming
+) -> dict[str, float]:
+    """Prefill seconds each replica spent in the run, from what the emulators reported:
+
+        work_r = sum over requests served by r of prefill_seconds(c, n)       (usage: n prompt tokens,
+                 + host_loaded_r / host_rate + storage_loaded_r / storage_rate  c cached, x-emu-replica)
+
+    with c capped at n - 1 (one position is always computed) and the loads from r's counters (deltas
+    over the run). Every replica of `counters` is listed, an idle one with 0."""
+    work = {r: timing.load_seconds(c.host_loaded, c.storage_loaded) for r, c in counters.items()}
+    for rec in records:
+        if rec.ok:
+            start = min(rec.cached_tokens, max(0, rec.prompt_tokens - 1))
+            work[rec.replica] = work.get(rec.replica, 0.0) + timing.prefill_seconds(start, rec.prompt_tokens)
+    return work

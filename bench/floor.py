@@ -5,7 +5,9 @@ the workload sent (unbounded GPU pool, whole pages, no queueing, no reload): its
 the rest of its prompt plus the fixed overhead (`emulator.timing.ttft_seconds`), and its cached tokens
 are that shared prefix. A first-time document is a cold prefill even here; an agent turn still
 computes its new tool output. Routers are measured against it: a target below the floor cannot be met
-by any placement.
+by any placement. Its prefill seconds (`work_s`, the TTFT without the overhead) are the work a perfect
+router must still have done: `bench.load` divides their sum by the fleet's capacity to get the offered
+load.
 
 The prompt is rendered and tokenized exactly as the emulator does (`bench.oracle`'s tokenizer), and a
 page counts once all of its tokens match (the emulator's radix tree matches whole pages).
@@ -19,6 +21,8 @@ from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import Workload
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 
+DEFAULT_PROFILE = "rtx3090x2"
+
 
 @dataclass(frozen=True, slots=True)
 class FloorRequest:
@@ -27,10 +31,12 @@ class FloorRequest:
     prompt_tokens: int
     cached_tokens: int
     ttft_s: float
+    work_s: float  # prefill seconds of the uncached tail: a*(n - c) + b*(n^2 - c^2)/2
+    cold_s: float  # prefill seconds with nothing cached: a*n + b*n^2/2
 
 
-def floor(workload: Workload, page_size: int, profile: str = "rtx3090x2") -> list[FloorRequest]:
-    """Each request's ideal TTFT (modelled seconds) and cached tokens, in workload order."""
+def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) -> list[FloorRequest]:
+    """Each request's ideal TTFT (modelled seconds), cached tokens and prefill work, in workload order."""
     timing = ProfileTiming(PROFILES[profile])
     tokenizer = SegmentTokenizer()
     seen: set[int] = set()
@@ -47,6 +53,8 @@ def floor(workload: Workload, page_size: int, profile: str = "rtx3090x2") -> lis
                 break
             cached += page_size
         seen.update(pages)
+        cached = min(cached, max(0, len(ids) - 1))
         ttft = ttft_seconds(timing, len(ids), cached, 0, 0)
-        out.append(FloorRequest(req.index, req.tag, len(ids), min(cached, max(0, len(ids) - 1)), ttft))
+        work, cold = timing.prefill_seconds(cached, len(ids)), timing.prefill_seconds(0, len(ids))
+        out.append(FloorRequest(req.index, req.tag, len(ids), cached, ttft, work, cold))
     return out

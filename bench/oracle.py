@@ -41,25 +41,25 @@ from aiohttp import web
 from emulator.tokenizer import PseudoTokenizer, apply_chat_template
 
 RELAYED_HEADERS = ("content-type", "x-emu-replica", "x-request-id")
-TURN_END = "<|im_end|>\n"
 
 
 class SegmentTokenizer:
-    """The emulator's `PseudoTokenizer.encode`, cached per chat turn.
+    """The emulator's `PseudoTokenizer.encode`, cached per line.
 
-    Text is cut after each `<|im_end|>\\n`; the emulator's tokenizer never lets a piece cross a
-    newline or a special token, so the concatenated ids equal `encode(text)`. A conversation that
-    grows by one turn re-tokenizes only the new turn (bounded LRU of turns).
+    Text is cut after each newline: the emulator's tokenizer never lets a piece cross a newline (nor a
+    special token), so the concatenated ids equal `encode(text)`. A conversation that grows by one turn,
+    or a document asked about with another question after it, re-tokenizes only its new lines (bounded
+    LRU of lines).
     """
 
-    def __init__(self, size: int = 8192) -> None:
+    def __init__(self, size: int = 65_536) -> None:
         self._tokenizer = PseudoTokenizer()
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._size = size
 
     def encode(self, text: str) -> list[int]:
-        parts = text.split(TURN_END)
-        segments = [p + TURN_END for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+        parts = text.split("\n")
+        segments = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
         ids: list[int] = []
         for segment in segments:
             ids.extend(self._segment(segment))

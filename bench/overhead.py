@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -33,7 +33,9 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from emulator.launcher import EmulatorFleet, free_ports, stop_process
+from bench import systems
+from bench.fleet import EmulatorFleet
+from bench.procs import ManagedProcess, served_model
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0
@@ -163,93 +165,12 @@ async def run_scenario(bases: dict[str, str], sc: Scenario, rounds: int) -> list
     ]
 
 
-class Proc:
-    """A subprocess we started; stopped by PID (terminate, then kill after 5 s)."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def stop(self) -> str:
-        stop_process(self.proc)
-        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-        if self.proc.stderr:
-            self.proc.stderr.close()
-        return err[-2000:]
-
-
-async def wait_ready(base: str, proc: Proc, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    last = "no answer"
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            if proc.proc.poll() is not None:
-                raise RuntimeError(f"{base} exited: {proc.stop()}")
-            try:
-                async with s.get(base + "/v1/models") as r:
-                    last = f"HTTP {r.status}: {(await r.read())[:200]!r}"
-                    if r.status == 200 and orjson.loads(await r.read()).get("data"):
-                        return
-            except aiohttp.ClientError as e:
-                last = repr(e)
-            await asyncio.sleep(0.1)
-    raise RuntimeError(f"{base} not ready after {timeout_s} s ({last}): {proc.stop()}")
-
-
-async def served_model(base: str) -> str:
-    async with aiohttp.ClientSession() as s, s.get(base + "/v1/models") as r:
-        return str((await r.json())["data"][0]["id"])
-
-
-def start_targets(backend: str, with_router: bool) -> dict[str, tuple[str, Proc]]:
-    gw_port, router_port = free_ports(2)
-    here = str(Path(__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
-    targets = {
-        "kvroute": (
-            f"http://127.0.0.1:{gw_port}",
-            Proc(
-                [
-                    sys.executable,
-                    "-m",
-                    "proxy.cli",
-                    "serve",
-                    "--port",
-                    str(gw_port),
-                    "--backend",
-                    backend,
-                    "--policy",
-                    "round_robin",
-                    "--log-level",
-                    "warning",
-                ],
-                env,
-            ),
-        )
-    }
-    if with_router:
-        renv = dict(env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        targets["sglang-router"] = (
-            f"http://127.0.0.1:{router_port}",
-            Proc(
-                [
-                    sys.executable,
-                    "-m",
-                    "sglang_router.launch_router",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(router_port),
-                    "--worker-urls",
-                    backend,
-                    "--policy",
-                    "round_robin",
-                    "--log-level",
-                    "warn",
-                ],
-                renv,
-            ),
-        )
-    return targets
+def targets(backend: str, with_router: bool, logs: Path) -> list[tuple[str, ManagedProcess]]:
+    """kvroute (and sglang-router) in front of `backend`, both with policy round_robin, from the same
+    command templates as the fleet benchmark (bench/systems.py)."""
+    names = {"kvroute-round_robin": "kvroute", "sglang-round_robin": "sglang-router"}
+    chosen = systems.select(list(names) if with_router else ["kvroute-round_robin"])
+    return [(names[s.name], systems.system_process(s, [backend], logs / f"{s.name}.log")) for s in chosen]
 
 
 def table(results: list[Result]) -> str:
@@ -276,30 +197,26 @@ def table(results: list[Result]) -> str:
 async def bench(args: argparse.Namespace) -> list[Result]:
     # the default model path (the emulator's shipped tokenizer dir): sglang-router loads its tokenizer
     emu_args = ["--emu-time-scale", "1e-6", "--max-running-requests", "256"]
-    async with EmulatorFleet(1, emu_args) as fleet:
-        model = await served_model(fleet.urls[0])
-        targets = start_targets(fleet.urls[0], not args.no_router)
-        try:
-            for base, proc in targets.values():
-                await wait_ready(base, proc)
-            bases = {"direct": fleet.urls[0], **{k: v[0] for k, v in targets.items()}}
-            plan = scenarios(model, args.concurrency, args.scale)
-            for base in bases.values():  # warm-up: connections, the emulator's cache
-                for sc in plan:
-                    await run(base, sc.body, 2, 10, Samples([], []))
-            results: list[Result] = []
+    logs = args.out / "logs"
+    async with EmulatorFleet(1, emu_args, logs / "emulator.log") as fleet, contextlib.AsyncExitStack() as up:
+        model = await served_model(fleet.urls[0]) or "default"
+        bases = {"direct": fleet.urls[0]}
+        for name, proc in targets(fleet.urls[0], not args.no_router, logs):
+            bases[name] = (await up.enter_async_context(proc)).urls[0]
+        plan = scenarios(model, args.concurrency, args.scale)
+        for base in bases.values():  # warm-up: connections, the emulator's cache
             for sc in plan:
-                for r in await run_scenario(bases, sc, args.rounds):
-                    results.append(r)
-                    print(
-                        f"  {sc.name:<20} c={sc.concurrency:<3} {r.target:<14} p50 {r.p50_ms:7.2f} ms  "
-                        f"p99 {r.p99_ms:7.2f} ms  {r.rps:7.0f} req/s",
-                        flush=True,
-                    )
-            return results
-        finally:
-            for _, proc in targets.values():
-                proc.stop()
+                await run(base, sc.body, 2, 10, Samples([], []))
+        results: list[Result] = []
+        for sc in plan:
+            for r in await run_scenario(bases, sc, args.rounds):
+                results.append(r)
+                print(
+                    f"  {sc.name:<20} c={sc.concurrency:<3} {r.target:<14} p50 {r.p50_ms:7.2f} ms  "
+                    f"p99 {r.p99_ms:7.2f} ms  {r.rps:7.0f} req/s",
+                    flush=True,
+                )
+        return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:

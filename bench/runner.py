@@ -1,15 +1,18 @@
 """Replay a workload through one OpenAI endpoint and record what every request got.
 
-Scheduling: requests without `after` are released at `arrival_s * time_scale` (open loop); a request
-with `after` is released `think_s * time_scale` after the request it follows has finished (closed loop,
-whatever the outcome). A semaphore caps requests in flight (`Workload.concurrency`); a request waiting
-for a slot records that wait. The whole replay is bounded by a wall-clock deadline: requests not yet sent
-are recorded as errors ("deadline"), requests still in flight are cancelled ("timeout").
+Scheduling: a request without `after` is due at `arrival_s * time_scale` (open loop); a request with
+`after` is due `think_s * time_scale` after the request it follows has finished (closed loop, whatever
+the outcome). A semaphore caps requests in flight at `cap` (default CLIENT_CAP, far above what any
+workload needs, so that the client never queues what an overloaded system should); a request that finds
+it full is flagged `capped` and waits. The whole replay is bounded by a wall-clock deadline: requests not
+yet sent are recorded as errors ("deadline"), requests still in flight are cancelled ("timeout").
 
-Every request is streamed with `stream_options.include_usage`. TTFT is the time from sending to the first
-SSE event that carries content (text, a content delta, a tool-call delta or reasoning). Times are
-recorded in *modelled* seconds (wall seconds / time scale) so they read like the seeds' figures; the
-runner's own CPU time is included in that, divided by the same scale.
+Every request is streamed with `stream_options.include_usage`. Its TTFT (`ttft_s`) runs from when it was
+due, its scheduled arrival, to the first SSE event that carries content (text, a content delta, a
+tool-call delta or reasoning): whatever delayed it, in the client or the system, counts (no coordinated
+omission). `send_ttft_s` runs from when it was sent and `wait_s` = sent - due. Times are recorded in
+*modelled* seconds (wall seconds / time scale) so they read like the seeds' figures; the runner's own
+CPU time is included in that, divided by the same scale.
 
 The serving replica comes from the emulator's `x-emu-replica` header (relayed by a proxy), else
 kvroute's `x-kvroute-replica`, else the URL the request was sent to.
@@ -30,6 +33,7 @@ from bench.progress import Progress
 from bench.workloads import TimedRequest, Workload
 
 Chooser = Callable[[TimedRequest], str]
+CLIENT_CAP = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,15 +43,21 @@ class Record:
     session: str
     status: int
     error: str
-    sent_s: float
-    wait_s: float
-    ttft_s: float | None
-    e2e_s: float | None
+    due_s: float  # scheduled arrival, modelled seconds since the replay started
+    sent_s: float  # when the client sent it
+    ttft_s: float | None  # first content - due
+    send_ttft_s: float | None  # first content - sent
+    e2e_s: float | None  # last byte - sent
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
     expected_prompt_tokens: int
     replica: str
+    capped: bool = False  # it found the client's concurrency cap full and waited for a slot
+
+    @property
+    def wait_s(self) -> float:
+        return self.sent_s - self.due_s
 
     @property
     def ok(self) -> bool:
@@ -106,12 +116,15 @@ async def send_one(
     t0: float,
     sticky: bool = False,
     model: str | None = None,
+    due: float | None = None,
 ) -> Record:
     """Send one streamed request; never raises for HTTP or protocol failures.
 
     `sticky`: send the session id as `x-session-id` (multi-turn workloads; routers may use it).
+    `due`: its scheduled arrival (perf_counter seconds; default: now), where its TTFT starts.
     """
     start = time.perf_counter()
+    due = start if due is None else min(due, start)
     headers = {"content-type": "application/json"}
     if sticky:
         headers["x-session-id"] = req.session
@@ -138,9 +151,10 @@ async def send_one(
         session=req.session,
         status=status,
         error=state.error,
+        due_s=(due - t0) / scale,
         sent_s=(start - t0) / scale,
-        wait_s=0.0,
-        ttft_s=None if state.ttft is None else (state.ttft - start) / scale,
+        ttft_s=None if state.ttft is None else (state.ttft - due) / scale,
+        send_ttft_s=None if state.ttft is None else (state.ttft - start) / scale,
         e2e_s=(end - start) / scale,
         prompt_tokens=state.prompt_tokens,
         cached_tokens=state.cached_tokens,
@@ -161,23 +175,11 @@ async def _read_events(resp: aiohttp.ClientResponse, state: _Stream, start: floa
         state.feed(orjson.loads(data), time.perf_counter())
 
 
-def _failed(req: TimedRequest, error: str) -> Record:
+def _failed(req: TimedRequest, error: str, due_s: float = 0.0) -> Record:
     return Record(
-        req.index,
-        req.tag,
-        req.session,
-        0,
-        error,
-        0.0,
-        0.0,
-        None,
-        None,
-        0,
-        0,
-        0,
-        req.expected_prompt_tokens,
-        "",
-    )
+        req.index, req.tag, req.session, 0, error, due_s, due_s, None, None, None, 0, 0, 0,
+        req.expected_prompt_tokens, "",
+    )  # fmt: skip
 
 
 class Replay:
@@ -191,6 +193,7 @@ class Replay:
         deadline_s: float,
         progress: Progress,
         model: str | None,
+        cap: int = CLIENT_CAP,
     ) -> None:
         self._w = workload
         self._model = model
@@ -198,7 +201,7 @@ class Replay:
         self._scale = scale
         self._deadline = deadline_s
         self._progress = progress
-        self._sem = asyncio.Semaphore(workload.concurrency)
+        self._sem = asyncio.Semaphore(cap)
         self._records: dict[int, Record] = {}
         self._children: dict[int, list[TimedRequest]] = {}
         for r in workload.requests:
@@ -218,7 +221,7 @@ class Replay:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        return [self._records.get(r.index) or _failed(r, "deadline") for r in self._w.requests]
+        return [self._records.get(r.index) or _failed(r, "deadline", r.arrival_s) for r in self._w.requests]
 
     def _spawn(self, session: aiohttp.ClientSession, req: TimedRequest, at: float) -> None:
         task = asyncio.create_task(self._one(session, req, at))
@@ -226,19 +229,18 @@ class Replay:
         task.add_done_callback(self._tasks.discard)
 
     async def _one(self, session: aiohttp.ClientSession, req: TimedRequest, at: float) -> None:
-        stage = "deadline"
+        stage, due = "deadline", self._t0 + at
         try:
-            await asyncio.sleep(max(0.0, self._t0 + at - time.perf_counter()))
-            queued = time.perf_counter()
+            await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            capped = self._sem.locked()
             async with self._sem:
                 stage = "timeout"
-                wait = (time.perf_counter() - queued) / self._scale
                 rec = await send_one(
-                    session, self._choose(req), req, self._scale, self._t0, self._w.sessions, self._model
+                    session, self._choose(req), req, self._scale, self._t0, self._w.sessions, self._model, due
                 )
-            self._records[req.index] = replace(rec, wait_s=wait)
+            self._records[req.index] = replace(rec, capped=capped)
         except asyncio.CancelledError:
-            self._records[req.index] = _failed(req, stage)
+            self._records[req.index] = _failed(req, stage, at / self._scale)
             raise
         self._progress.advance(error=bool(self._records[req.index].error))
         now = time.perf_counter() - self._t0
@@ -253,24 +255,14 @@ async def replay(
     deadline_s: float,
     progress: Progress,
     model: str | None = None,
-    request_timeout_s: float = 300.0,
+    request_timeout_s: float = 600.0,
+    cap: int = CLIENT_CAP,
 ) -> list[Record]:
     """Replay `workload`; `choose(req)` gives the base URL (a proxy's, or a replica's for client-side RR)."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        return await Replay(workload, choose, scale, deadline_s, progress, model).run(session)
-
-
-async def served_model(base_url: str) -> str | None:
-    """The first model id that `GET /v1/models` lists (None when it lists none or is not JSON)."""
-    async with aiohttp.ClientSession() as session, session.get(base_url + "/v1/models") as resp:
-        raw = await resp.read()
-    try:
-        models = orjson.loads(raw).get("data") or []
-        return str(models[0]["id"]) if models else None
-    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError):
-        return None
+        return await Replay(workload, choose, scale, deadline_s, progress, model, cap).run(session)
 
 
 def rotating(urls: Sequence[str]) -> Chooser:

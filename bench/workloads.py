@@ -1,14 +1,19 @@
 """Seeded workload generators for the fleet benchmark.
 
 Each generator is a pure function of (seed, fleet shape, quick) and returns a `Workload`: a tuple of
-`TimedRequest`s plus the client's concurrency cap. Times are *modelled* seconds (the runner multiplies
-them by the time scale). A request either arrives at `arrival_s` (open loop) or, when `after` is set,
-`think_s` after the request it follows has completed (closed loop within an agent session or a
-sequential probe).
+`TimedRequest`s. Times are *modelled* seconds (the runner multiplies them by the time scale). A request
+either arrives at `arrival_s` (open loop) or, when `after` is set, `think_s` after the request it follows
+has completed (closed loop within an agent session or a sequential probe).
+
+Open-loop workloads (`Workload.sweep`: rag, rag_user, mixed, hot, noreuse) are generated at a nominal
+rate and then rescaled to an offered load by `bench.load.at_load`; the closed-loop ones (agent, probe)
+run at their own pace.
 
 Sizes follow the fleet: every workload's working set exceeds the fleet's GPU pools (sum over replicas)
 but fits GPU + host, so placement decides whether a repeat is a GPU hit, a host reload or a cold
-prefill.
+prefill. Output lengths (`max_tokens`, which the emulator always fills) are log-uniform in
+[OUTPUT_MIN, OUTPUT_MAX] from the workload's own seeded generator, except the probe's (8 tokens: it
+measures prefill only).
 
 Agent replies: turn k's prompt contains the history of turns < k, where each earlier assistant reply
 is a deterministic stand-in of fixed length (`AGENT_REPLY_TOKENS`) rather than the text the server
@@ -20,6 +25,7 @@ own output, not the stand-in), which is the same for every system.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +36,9 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MODEL = "default"
 AGENT_REPLY_TOKENS = 48
+OUTPUT_MIN, OUTPUT_MAX = 32, 512
+RAG_DOC_TOKENS = 6_000
+RAG_INSTRUCTION = "Answer the question from the document."
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +76,18 @@ class Workload:
     name: str
     description: str
     requests: tuple[TimedRequest, ...]
-    concurrency: int
     sessions: bool = False  # send `x-session-id` (real multi-turn sessions only)
     time_scale: float = 0.2  # default wall seconds per modelled second (keeps the fleet's CPU load modest)
+    sweep: bool = False  # open loop: arrivals can be rescaled to an offered load (bench.load)
 
     @property
     def prompt_tokens(self) -> int:
         return sum(r.expected_prompt_tokens for r in self.requests)
+
+
+def output_tokens(rng: random.Random) -> int:
+    """A log-uniform length in [OUTPUT_MIN, OUTPUT_MAX]: exp(uniform(ln min, ln max)), rounded."""
+    return round(math.exp(rng.uniform(math.log(OUTPUT_MIN), math.log(OUTPUT_MAX))))
 
 
 def _chat(messages: list[dict[str, Any]], max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -138,40 +152,70 @@ def agent(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
         prev: int | None = None
         for t in range(turns):
             history.append({"role": "user", "content": f"Tool output {t}:\n" + words.sentences(step_tokens)})
-            body = _chat(list(history), 16, tools=tools, tool_choice="none")
+            body = _chat(list(history), output_tokens(rng), tools=tools, tool_choice="none")
             kw: dict[str, Any] = (
                 {"after": prev, "think_s": rng.uniform(8.0, 16.0)} if prev is not None else {}
             )
             prev = out.add(start, f"agent-{s}", body, _tokens_of(history) + 1500, f"turn{t}", **kw)
             history.append({"role": "assistant", "content": words.words(AGENT_REPLY_TOKENS)})
-    return Workload("agent", agent.__doc__ or "", tuple(out.items), sessions, sessions=True, time_scale=0.1)
+    return Workload("agent", agent.__doc__ or "", tuple(out.items), sessions=True, time_scale=0.1)
 
 
 def _zipf_weights(n: int, s: float) -> list[float]:
     return [1.0 / (k**s) for k in range(1, n + 1)]
 
 
-def rag(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
-    """Questions about a pool of long documents with Zipf popularity."""
+def rag_messages(layout: str, document: str, question: str) -> list[dict[str, Any]]:
+    """The two ways RAG frameworks place a retrieved document: in the system message ("system", the
+    question alone in the user turn), or in the user message before the question ("user", after a short
+    system instruction; what many frameworks' default prompts build)."""
+    if layout == "system":
+        return [
+            {"role": "system", "content": RAG_INSTRUCTION + "\n\n" + document},
+            {"role": "user", "content": question},
+        ]
+    if layout == "user":
+        return [
+            {"role": "system", "content": RAG_INSTRUCTION},
+            {"role": "user", "content": "Document:\n" + document + "\n\n" + question},
+        ]
+    raise ValueError(f"unknown rag layout {layout!r}; known: system, user")
+
+
+def _rag(seed: int, shape: FleetShape, quick: bool, layout: str) -> tuple[TimedRequest, ...]:
+    """Questions about tens of ~6K-token documents with Zipf(0.9) popularity, arriving at a steady
+    rate from the start (while documents are first seen); the documents together are 1.6x the fleet's
+    GPU pools. Tags: "first" (a document's first question), "repeat"."""
     words = WordSource(seed)
     rng = words.rng
-    doc_tokens = max(1024, shape.gpu_tokens // 8)
+    doc_tokens = min(RAG_DOC_TOKENS, shape.gpu_tokens // 4)
     ndocs = max(8, math.ceil(1.6 * shape.fleet_gpu / doc_tokens))
     docs = [words.document(f"Document {d}", doc_tokens) for d in range(ndocs)]
     weights = _zipf_weights(ndocs, 0.9)
-    count, rate = (80, 4.0) if quick else (320, 4.0)
-    out = _Builder()
-    t = 0.0
+    count, rate = (80, 4.0) if quick else (200, 4.0)
+    out, seen, t = _Builder(), set(), 0.0
     for i in range(count):
         t += rng.expovariate(rate)
         d = rng.choices(range(ndocs), weights)[0]
         question = "Question: " + words.sentences(rng.randint(20, 80))
-        messages = [
-            {"role": "system", "content": "Answer from the document.\n\n" + docs[d]},
-            {"role": "user", "content": question},
-        ]
-        out.add(t, f"rag-{i}", _chat(messages, 16), doc_tokens + estimate_tokens(question) + 20, f"doc{d}")
-    return Workload("rag", rag.__doc__ or "", tuple(out.items), concurrency=32)
+        body = _chat(rag_messages(layout, docs[d], question), output_tokens(rng))
+        tokens = doc_tokens + estimate_tokens(question) + 24
+        out.add(t, f"rag-{i}", body, tokens, "repeat" if d in seen else "first")
+        seen.add(d)
+    return tuple(out.items)
+
+
+def rag(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
+    """RAG with the document in the system message and the question in the user message."""
+    reqs = _rag(seed, shape, quick, "system")
+    return Workload("rag", f"{rag.__doc__} {_rag.__doc__}", reqs, sweep=True)
+
+
+def rag_user(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
+    """RAG with the document in the user message, before the question (the same documents, questions
+    and arrivals as `rag` for a seed)."""
+    reqs = _rag(seed, shape, quick, "user")
+    return Workload("rag_user", f"{rag_user.__doc__} {_rag.__doc__}", reqs, sweep=True)
 
 
 def probe(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
@@ -204,23 +248,23 @@ def probe(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     for phase in ("resend1", "resend2"):
         for d in range(k):
             send(d, phase)
-    return Workload("probe", probe.__doc__ or "", tuple(out.items), concurrency=1, time_scale=0.1)
+    return Workload("probe", probe.__doc__ or "", tuple(out.items), time_scale=0.1)
 
 
 def noreuse(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     """Unique prompts only: nothing to reuse, placement can only balance load."""
     words = WordSource(seed)
     rng = words.rng
-    count, rate = (60, 3.0) if quick else (240, 3.0)
+    count, rate = (60, 3.0) if quick else (200, 3.0)
     out = _Builder()
     t = 0.0
     for i in range(count):
         t += rng.expovariate(rate)
         tokens = rng.randint(256, max(512, shape.gpu_tokens // 16))
         prompt = f"Request {i} {seed}: " + words.sentences(tokens)
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0.0}
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": output_tokens(rng), "temperature": 0.0}
         out.add(t, f"noreuse-{i}", body, estimate_tokens(prompt), "unique")
-    return Workload("noreuse", noreuse.__doc__ or "", tuple(out.items), concurrency=32)
+    return Workload("noreuse", noreuse.__doc__ or "", tuple(out.items), sweep=True)
 
 
 def hot(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
@@ -234,7 +278,7 @@ def hot(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     doc_tokens = max(1024, shape.gpu_tokens // 8)
     hot_doc = words.document("Hot document", doc_tokens)
     others = [words.document(f"Other {d}", doc_tokens) for d in range(12)]
-    count, rate = (80, 6.0) if quick else (300, 6.0)
+    count, rate = (80, 6.0) if quick else (200, 6.0)
     out = _Builder()
     t = 0.0
     for i in range(count):
@@ -246,8 +290,9 @@ def hot(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
         )
         messages = [{"role": "system", "content": doc}, {"role": "user", "content": question}]
         tokens = doc_tokens + estimate_tokens(question) + 15
-        out.add(t, f"hot-{i}", _chat(messages, 16), tokens, "hot" if is_hot else "other")
-    return Workload("hot", hot.__doc__ or "", tuple(out.items), concurrency=48)
+        body = _chat(messages, output_tokens(rng))
+        out.add(t, f"hot-{i}", body, tokens, "hot" if is_hot else "other")
+    return Workload("hot", hot.__doc__ or "", tuple(out.items), sweep=True)
 
 
 def mixed(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
@@ -258,7 +303,7 @@ def mixed(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     ndocs = max(4, math.ceil(1.3 * shape.fleet_gpu / doc_tokens))
     docs = [words.document(f"Contract {d}", doc_tokens) for d in range(ndocs)]
     short_system = "You are a helpful assistant. " + words.sentences(150)
-    count, rate = (80, 3.0) if quick else (300, 3.0)
+    count, rate = (80, 3.0) if quick else (200, 3.0)
     out = _Builder()
     t = 0.0
     for i in range(count):
@@ -267,17 +312,18 @@ def mixed(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
             d = rng.randrange(ndocs)
             q = words.sentences(40)
             messages = [{"role": "system", "content": docs[d]}, {"role": "user", "content": q}]
-            out.add(t, f"long-{i}", _chat(messages, 16), doc_tokens + 60, "long")
+            out.add(t, f"long-{i}", _chat(messages, output_tokens(rng)), doc_tokens + 60, "long")
         else:
             q = words.sentences(rng.randint(20, 120))
             messages = [{"role": "system", "content": short_system}, {"role": "user", "content": q}]
-            out.add(t, f"short-{i}", _chat(messages, 16), _tokens_of(messages), "short")
-    return Workload("mixed", mixed.__doc__ or "", tuple(out.items), concurrency=32)
+            out.add(t, f"short-{i}", _chat(messages, output_tokens(rng)), _tokens_of(messages), "short")
+    return Workload("mixed", mixed.__doc__ or "", tuple(out.items), sweep=True)
 
 
 GENERATORS: dict[str, Callable[[int, FleetShape, bool], Workload]] = {
     "agent": agent,
     "rag": rag,
+    "rag_user": rag_user,
     "probe": probe,
     "noreuse": noreuse,
     "hot": hot,

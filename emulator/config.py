@@ -3,7 +3,9 @@
 SGLang's own flag names (and 0.5.10 defaults) for everything the emulator models, so the relevant part of
 a real SGLang launch line works unchanged. Any other `--flag [value]` is accepted and ignored with one
 warning line per flag (collected in `ignored_flags`; the CLI prints them). Emulator-only flags start with
-`--emu-`. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
+`--emu-`. The hardware profile (`--emu-profile`, emulator/timing.py) sets the timing and, unless
+`--emu-gpu-kv-tokens` / `--emu-kv-bytes-per-token` say otherwise, the GPU KV pool and the KV size of a
+token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
 
     gpu = emu_gpu_kv_tokens * (1 - emu_hicache_gpu_cost if HiCache else 1), capped by --max-total-tokens,
           rounded down to a page;
@@ -179,9 +181,16 @@ def _parser() -> argparse.ArgumentParser:
     add("--kv-cache-dtype", default="auto")
     add("--emu-profile", choices=sorted(PROFILES), default="rtx3090x2")
     add("--emu-time-scale", "--time-scale", dest="time_scale", type=float, default=1.0)
-    add("--emu-gpu-kv-tokens", type=int, default=233207)
+    add(
+        "--emu-gpu-kv-tokens",
+        type=int,
+        default=None,
+        help="GPU KV pool, HiCache off (default: the profile's)",
+    )
     add("--emu-hicache-gpu-cost", type=float, default=0.315)
-    add("--emu-kv-bytes-per-token", type=int, default=16384)
+    add(
+        "--emu-kv-bytes-per-token", type=int, default=None, help="KV bytes per token (default: the profile's)"
+    )
     add("--emu-hybrid", action="store_true")
     add("--emu-storage-dir", default=None)
     add("--emu-enable-faults", action="store_true")
@@ -213,6 +222,10 @@ def _ports(ns: argparse.Namespace) -> tuple[int, ...]:
     return tuple(range(base, base + int(ns.replicas)))
 
 
+def _or_profile(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
 def parse_args(argv: Sequence[str]) -> EmulatorConfig:
     """Parse the command line; raises SystemExit on invalid flags (argparse style)."""
     ns, rest = _parser().parse_known_args(list(argv))
@@ -222,6 +235,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         )
     if ns.time_scale <= 0:
         raise SystemExit("kvroute emulate: --emu-time-scale must be > 0")
+    profile = PROFILES[ns.emu_profile]
     cfg = EmulatorConfig(
         host=ns.host,
         ports=_ports(ns),
@@ -260,9 +274,9 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_cache_dtype=ns.kv_cache_dtype,
         emu_profile=ns.emu_profile,
         time_scale=ns.time_scale,
-        emu_gpu_kv_tokens=ns.emu_gpu_kv_tokens,
+        emu_gpu_kv_tokens=_or_profile(ns.emu_gpu_kv_tokens, profile.gpu_kv_tokens),
         emu_hicache_gpu_cost=ns.emu_hicache_gpu_cost,
-        emu_kv_bytes_per_token=ns.emu_kv_bytes_per_token,
+        emu_kv_bytes_per_token=_or_profile(ns.emu_kv_bytes_per_token, profile.kv_bytes_per_token),
         emu_hybrid=ns.emu_hybrid,
         emu_storage_dir=ns.emu_storage_dir,
         emu_enable_faults=ns.emu_enable_faults,

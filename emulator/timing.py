@@ -14,16 +14,24 @@ more than the same number of tokens early on, and the cost of a prompt does not 
 into chunks. Decode emits one token per ``1/decode_rate`` seconds at batch 1, slowed by
 ``1 + batch_slowdown*(batch - 1)`` when several sequences decode together (HiCache on costs ~3%).
 
-Each profile reproduces one practitioner report (the seeds):
+Profiles (``--emu-profile``):
 
 - ``rtx3090x2`` (seed 1): 40K tokens cold 15.4 s, reloaded from host 0.4 s, on GPU 0.1 s.
 - ``rx7900xtx2`` (seed 2): 128K tokens cold ~192 s, reloaded from host ~2.65 s.
+- ``h200`` (datacenter): a dense 32B model in bf16 on one H200, measured with HF transformers; its
+  derivation is in ``h200_profile``. Policies are checked on it too, so they are not tuned to one GPU.
+
+Two prefill measurements (n1, r1), (n2, r2), as average rates over whole cold prompts, fix the model:
+``n/r = a*n + b*n^2/2`` at both points is a 2x2 linear system (``fit_prefill``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
+
+DEFAULT_GPU_KV_TOKENS = 233_207  # seed 1's KV pool with HiCache off (159,692 with it on, see config.py)
+DEFAULT_KV_BYTES_PER_TOKEN = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,52 @@ class Profile:
     decode_rate: float  # tokens/s at batch 1, HiCache off
     decode_rate_hicache: float  # tokens/s at batch 1, HiCache on
     batch_slowdown: float = 0.08  # per extra sequence in the decode batch
+    gpu_kv_tokens: int = DEFAULT_GPU_KV_TOKENS  # GPU KV pool with HiCache off (--emu-gpu-kv-tokens)
+    kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN  # (--emu-kv-bytes-per-token)
+
+
+def fit_prefill(n1: int, rate1: float, n2: int, rate2: float) -> tuple[float, float]:
+    """(a, b) such that a cold prompt of n_i tokens prefills in n_i / rate_i seconds:
+    a*n + b*n^2/2 = n/r at both points, i.e. a + b*n/2 = 1/r, so b = 2*(1/r2 - 1/r1)/(n2 - n1) and
+    a = 1/r1 - b*n1/2."""
+    b = 2.0 * (1.0 / rate2 - 1.0 / rate1) / (n2 - n1)
+    return 1.0 / rate1 - b * n1 / 2.0, b
+
+
+def h200_profile() -> Profile:
+    """A dense 32B transformer (bf16) on one H200 (141 GB), HF transformers: a lower bound for an engine.
+
+    Measured (the issue's figures): cold prefill at 7.0K tokens/s over an 8K-token prompt and 5.2K
+    tokens/s over a 40K-token one (8,000 and 40,000 tokens; average rates of the prefill pass); a
+    64-token question on 40K tokens already on GPU: 0.26 s TTFT; KV 256 KiB per token; a pinned host to
+    GPU copy at 55 GB/s.
+
+    Derived: a, b from the two rates (``fit_prefill``); overhead = 0.26 s minus the prefill of positions
+    [40,000, 40,064) (the question attends to the whole cached context), ~0.244 s: what HF
+    transformers spends around a forward pass (tokenize, first decode step, detokenize), large next to
+    an engine's; host_rate = 55e9 / 262,144 bytes = ~209.8K tokens/s. GPU KV pool: SGLang's default
+    --mem-fraction-static 0.88 of 141e9 bytes is 124.1 GB, minus 64e9 bytes of bf16 weights leaves
+    60.1 GB = 229,187 tokens of 256 KiB (HiCache takes its ~31.5% of that, config.py).
+
+    Chosen, not measured: decode at 40 tokens/s at batch 1 (the bandwidth roofline is 4.8 TB/s / 64 GB =
+    75 steps/s; HF transformers without CUDA graphs reaches about half of it), 3% slower with HiCache
+    on (the seeds' figure); L3 storage prefetch at 5 GB/s (a local NVMe read), ~19K tokens/s.
+    """
+    kv_bytes = 256 * 1024
+    a, b = fit_prefill(8_000, 7_000.0, 40_000, 5_200.0)
+    question = a * 64 + b * (40_064**2 - 40_000**2) / 2.0
+    return Profile(
+        name="h200",
+        a=a,
+        b=b,
+        host_rate=55e9 / kv_bytes,
+        storage_rate=5e9 / kv_bytes,
+        overhead=0.26 - question,
+        decode_rate=40.0,
+        decode_rate_hicache=40.0 * 0.97,
+        gpu_kv_tokens=int((0.88 * 141e9 - 64e9) // kv_bytes),
+        kv_bytes_per_token=kv_bytes,
+    )
 
 
 PROFILES: dict[str, Profile] = {
@@ -62,6 +116,7 @@ PROFILES: dict[str, Profile] = {
         decode_rate=40.0,
         decode_rate_hicache=38.8,
     ),
+    "h200": h200_profile(),
 }
 
 

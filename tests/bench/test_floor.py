@@ -23,6 +23,8 @@ def test_floor_prefills_first_sends_and_hits_repeats_to_the_last_page() -> None:
     for req, f in zip(sorted(wl.requests, key=lambda r: r.index), ideal, strict=True):
         n = len(token_ids(tok, req.path, dict(req.body)) or [])
         assert f.prompt_tokens == n
+        assert f.ttft_s == pytest.approx(f.work_s + timing.overhead_seconds())
+        assert f.cold_s == pytest.approx(timing.prefill_seconds(0, n)) and f.work_s <= f.cold_s
         if req.tag in ("cold", "pressure"):  # never seen: a cold prefill, even on the floor
             assert f.cached_tokens < 16
             assert f.ttft_s == pytest.approx(ttft_seconds(timing, n, f.cached_tokens, 0, 0))
@@ -35,14 +37,14 @@ def test_floor_prefills_first_sends_and_hits_repeats_to_the_last_page() -> None:
 
 def test_report_row_and_ratio_against_the_floor() -> None:
     rows = [
-        report.Summary("kvroute-cost", 4, 0, 2.0, 2.0, 3.0, 0.5, 1.0, 2, 1.0, model_error=0.034),
-        report.Summary("client-rr", 4, 0, 4.0, 4.0, 5.0, 0.2, 1.0, 2, 1.0),
-        report.floor_summary([FloorRequest(i, "ab"[i // 2], 25, 15, 1.0) for i in range(4)]),
+        report.Summary("kvroute-cost", 4, 0, 2.0, 2.0, 3.0, 2.0, 0.5, 1.0, 2, 3.0, 1.0, model_error=0.034),
+        report.Summary("client-rr", 4, 0, 4.0, 4.0, 5.0, 4.0, 0.2, 1.0, 2, 3.0, 1.0),
+        report.floor_summary([FloorRequest(i, "ab"[i // 2], 25, 15, 1.0, 0.9, 1.2) for i in range(4)]),
     ]
     assert rows[2].hit_ratio == pytest.approx(0.6)
     assert rows[2].by_tag == {"a": 1.0, "b": 1.0}
     md = report.table(rows)
-    assert "| floor | 4 | 0 | 1.00 | 1.00 | 1.00 | 0.600 | n/a | n/a | n/a |" in md
+    assert "| floor | 4 | 0 | 1.00 | 1.00 | 1.00 | n/a | 0.600 | n/a | n/a | n/a | n/a |" in md
     line = report.comparison(rows)
     assert "0.50x the best other non-oracle (client-rr 4.00 s)" in line  # the floor is not a system
     assert "mean TTFT 2.00x the floor (1.00 s; the best other non-oracle is 4.00x)" in line

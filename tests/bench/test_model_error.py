@@ -6,7 +6,7 @@ import math
 
 import aiohttp
 
-from bench.cli import model_error_ratio
+from bench.point import model_error_ratio
 from tests.conftest import Emulators, StartGateway
 
 FLAGS = ("--enable-cache-report", "--emu-time-scale", "0.001")

@@ -15,9 +15,10 @@ import aiohttp
 import orjson
 import pytest
 
-from bench import cli, report, systems, workloads
-from bench.fleet import FleetSpec
+from bench import point, report, systems, workloads
+from bench.fleet import EmulatorFleet, FleetSpec
 from bench.oracle import predict_payload
+from bench.plan import Point
 from bench.runner import send_one
 from bench.workloads import CHAT, COMPLETIONS, TimedRequest
 from emulator.tokenizer import PseudoTokenizer
@@ -25,9 +26,9 @@ from emulator.tokenizer import PseudoTokenizer
 pytestmark = pytest.mark.slow
 
 
-def _config(tmp_path: Path, names: list[str]) -> cli.BenchConfig:
+def _settings(tmp_path: Path, names: list[str]) -> point.RunSettings:
     fleet = FleetSpec(replicas=4, gpu_tokens=6_000, time_scale=0.05, page_size=16)
-    return cli.BenchConfig(("probe",), systems.select(names), fleet, 3, True, tmp_path, None, 60.0, "test")
+    return point.RunSettings(systems.select(names), fleet, True, tmp_path, 60.0, "test", 0.05)
 
 
 @pytest.mark.timeout(120)
@@ -36,16 +37,18 @@ async def test_oracle_is_never_worse_on_resent_documents(tmp_path: Path) -> None
     (token-weighted), and its TTFT is no worse than a prefix-blind or text-tree router's. kvroute's own
     policy is held to the hit ratio only: it can beat the oracle's TTFT by the oracle's decision time
     (tokenize + ask every replica), which the time scale multiplies."""
-    cfg = _config(tmp_path, ["oracle", "client-rr", "sglang-cache_aware", "kvroute-cost"])
-    wl = workloads.build("probe", cfg.seed, cfg.fleet.shape, quick=True)
+    run = _settings(tmp_path, ["oracle", "client-rr", "sglang-cache_aware", "kvroute-cost"])
+    prep = point.prepare(run, Point("rtx3090x2", None, (3,), ("probe",)), "probe", 3)
+    wl = prep.workload
     resent: dict[str, float] = {}
     hit: dict[str, float] = {}
-    for system in cfg.systems:
-        result = await cli.run_system(cfg, wl, system)
+    for system in run.systems:
+        result = await point.run_system(prep, system, 3, tmp_path / "logs")
         assert result.records is not None, result.skipped
         assert not [r.error for r in result.records if r.error]
-        summary = report.summarize(system.name, result.records, result.per_replica)
+        summary = report.summarize(system.name, result.records, result.per_replica, result.work)
         assert sum(summary.per_replica.values()) == len(wl.requests)
+        assert sum(result.work.values()) >= sum(f.work_s for f in prep.ideal) * 0.99  # nobody beats the floor
         resent[system.name] = summary.by_tag["resent"]
         again = [r for r in result.records if r.tag in ("resend1", "resend2")]
         hit[system.name] = sum(r.cached_tokens for r in again) / max(1, sum(r.prompt_tokens for r in again))
@@ -64,7 +67,7 @@ async def test_oracle_pre_tokenized_predictions_equal_the_emulators_own(tmp_path
     turn = next(r for r in wl.requests if r.after is not None)
     prompt = {"model": "m", "prompt": "Hello there.\nGeneral Kenobi.", "max_tokens": 2}
     reqs = [turn, TimedRequest(99, 0.0, "s", COMPLETIONS, prompt, 10, "t")]
-    async with systems.emulator_fleet(1, spec.args(1), tmp_path / "emu.log") as fleet:
+    async with EmulatorFleet(1, spec.args(1), tmp_path / "emu.log") as fleet:
         url = fleet.urls[0]
         async with aiohttp.ClientSession() as session:
             await send_one(session, url, reqs[0], 0.02, 0.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from collections.abc import AsyncIterator
 
 import orjson
@@ -63,7 +64,7 @@ def _progress(n: int) -> Progress:
 
 async def test_records_ttft_usage_replica_and_errors(server: tuple[str, list[dict[str, object]]]) -> None:
     url, seen = server
-    wl = Workload("w", "", (req(0), req(1, "fail"), req(2, after=0)), concurrency=2, sessions=True)
+    wl = Workload("w", "", (req(0), req(1, "fail"), req(2, after=0)), sessions=True)
     scale = 0.1
     records = await replay(wl, rotating([url]), scale, 10.0, _progress(3))
     ok, failed, child = records
@@ -78,7 +79,35 @@ async def test_records_ttft_usage_replica_and_errors(server: tuple[str, list[dic
 
 async def test_deadline_bounds_the_replay(server: tuple[str, list[dict[str, object]]]) -> None:
     url, seen = server
-    wl = Workload("w", "", (req(0), req(1, arrival=100.0)), concurrency=1)
+    wl = Workload("w", "", (req(0), req(1, arrival=100.0)))
     records = await replay(wl, rotating([url]), 0.01, 0.5, _progress(2))
     assert records[0].ok and records[1].error == "deadline"
     assert all(s["session"] is None for s in seen)
+
+
+async def test_ttft_counts_from_the_scheduled_arrival_when_the_client_delays_a_request(
+    server: tuple[str, list[dict[str, object]]],
+) -> None:
+    """Two requests due at once with a cap of one in flight: the second waits for the first (a client-side
+    delay) and its TTFT still starts at its arrival; so does a request the client's own loop made late."""
+    url, _ = server
+    scale = 0.1
+    late = {"x"}
+
+    def choose(r: TimedRequest) -> str:
+        if r.index == 2 and late:
+            late.clear()
+            time.sleep(0.1)  # the client's event loop is busy: this request goes out 0.1 s late
+        return url
+
+    wl = Workload("w", "", (req(0), req(1), req(2, arrival=2.0)))
+    first, second, third = await replay(wl, choose, scale, 10.0, _progress(3), cap=1)
+    assert not first.capped and second.capped and not third.capped
+    assert second.wait_s >= (0.05 / scale) * 0.9  # it was sent only once the first one had answered
+    assert second.ttft_s == pytest.approx(second.wait_s + (second.send_ttft_s or 0), abs=1e-9)
+    assert (second.ttft_s or 0) > (second.send_ttft_s or 0) + 0.4
+    assert third.due_s == pytest.approx(2.0) and third.wait_s >= 0.1 / scale * 0.9
+    assert (third.ttft_s or 0) >= (third.send_ttft_s or 0) + 0.9
+    assert all(
+        r.ttft_s == pytest.approx(r.sent_s - r.due_s + (r.send_ttft_s or 0)) for r in (first, second, third)
+    )

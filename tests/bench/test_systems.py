@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from bench import cli, systems
+from bench import cli, plan, systems
 from bench.oracle import OracleState
+from bench.procs import free_ports
 from bench.workloads import GENERATORS
 
 
@@ -30,7 +31,7 @@ def test_selection_by_name_and_group() -> None:
 
 
 def test_free_ports_are_distinct() -> None:
-    ports = systems.free_ports(6)
+    ports = free_ports(6)
     assert len(set(ports)) == 6 and all(p > 0 for p in ports)
 
 
@@ -45,18 +46,32 @@ def test_oracle_picks_lowest_predicted_ttft_plus_pending_and_rotates_ties() -> N
     assert {state.choose(ties) for _ in range(3)} == {"a", "b", "c"}
 
 
-def test_cli_parses_workloads_systems_and_time_scale() -> None:
-    cfg = cli.parse(
-        ["probe", "agent", "--systems", "oracle,sglang", "--quick", "--time-scale", "0.5", "--no-readme"]
-    )
-    assert cfg.workloads == ("probe", "agent") and cfg.quick and cfg.readme is None
-    assert cfg.time_scale == 0.5 and cfg.fleet.replicas == 4
-    assert [s.name for s in cfg.systems][-1] == "oracle" and len(cfg.systems) == 4
-    assert cli.parse([]).workloads == tuple(GENERATORS)
-    assert cli.parse([]).all_seeds == (1,) and cli.parse(["--seed", "7"]).all_seeds == (7,)
-    assert cli.parse(["--seeds", "1, 2,3"]).all_seeds == (1, 2, 3)
-    with pytest.raises(SystemExit):
-        cli.parse(["--seeds", "1,x"])
-    with pytest.raises(SystemExit):
-        cli.parse(["nosuch"])
+def test_cli_parses_a_custom_plan_systems_and_time_scale() -> None:
+    cfg = cli.parse(["probe", "rag", "--systems", "oracle,sglang", "--quick", "--time-scale", "0.5",
+                     "--load", "0.3,0.9", "--profile", "h200"])  # fmt: skip
+    assert [(p.profile, p.load, p.workloads) for p in cfg.points] == [
+        ("h200", 0.3, ("rag",)),
+        ("h200", 0.9, ("rag",)),
+        ("h200", None, ("probe",)),
+    ]
+    assert cfg.run.quick and cfg.readme is None and cfg.run.out_dir == cli.QUICK_OUT  # quick: not bench/
+    assert cfg.run.time_scale == 0.5 and cfg.run.fleet.replicas == 4
+    assert [s.name for s in cfg.run.systems][-1] == "oracle" and len(cfg.run.systems) == 4
+    assert cli.parse(["rag", "--seeds", "1, 2,3"]).points[0].seeds == (1, 2, 3)
+    for bad in (["--seeds", "1,x"], ["nosuch"], ["--load", "0"], ["--profile", "tpu"]):
+        with pytest.raises(SystemExit):
+            cli.parse(bad)
     assert cli.main(["--systems", "nosuch"]) == 2
+
+
+def test_the_default_plan_and_the_matrix() -> None:
+    cfg = cli.parse([])
+    assert cfg.points == plan.default_plan() and cfg.readme is not None
+    assert sorted(s.name for s in cfg.run.systems) == sorted(plan.SWEEP_SYSTEMS)
+    points = {(p.profile, p.load): p for p in cfg.points}
+    assert points[("rtx3090x2", 0.6)].seeds == (1, 2, 3) and points[("h200", 0.6)].seeds == (1,)
+    assert {points[("rtx3090x2", x)].workloads for x in (0.3, 0.6, 0.9)} == {plan.SWEEP_WORKLOADS}
+    assert points[("rtx3090x2", None)].workloads == ("agent", "probe")
+    matrix = cli.parse(["--matrix"])
+    assert sorted(w for p in matrix.points for w in p.workloads) == sorted(GENERATORS)
+    assert len(matrix.run.systems) == len(systems.default_systems())

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
 from bench import workloads
+from bench.oracle import SegmentTokenizer
 from bench.text import WordSource, estimate_tokens
 from bench.workloads import CHAT, FleetShape, Workload
+from emulator.tokenizer import PseudoTokenizer, apply_chat_template
 
 SHAPE = FleetShape(replicas=4, gpu_tokens=12_000, host_tokens=24_000)
 
@@ -51,7 +55,7 @@ def test_agent_turns_extend_their_own_history() -> None:
 
 
 def test_working_sets_exceed_fleet_gpu_but_fit_gpu_plus_host() -> None:
-    for name in ("rag", "probe", "mixed"):
+    for name in ("rag", "rag_user", "probe", "mixed"):
         wl = workloads.build(name, 1, SHAPE, quick=False)
         docs: dict[str, int] = {}
         for r in wl.requests:
@@ -70,7 +74,6 @@ def test_probe_phases_resend_the_cold_documents_sequentially() -> None:
         again = [r for r in wl.requests if r.tag == phase]
         assert [r.body for r in again] == [r.body for r in cold]
     assert tags.index("pressure") > tags.index("cold")
-    assert wl.concurrency == 1
     assert all(r.after == r.index - 1 for r in wl.requests[1:])
     pressure = sum(r.expected_prompt_tokens for r in wl.requests if r.tag in ("cold", "pressure"))
     assert pressure > SHAPE.gpu_tokens + SHAPE.host_tokens
@@ -91,3 +94,57 @@ def test_text_lengths_are_measured_in_emulator_tokens() -> None:
     doc = words.document("Title", 2000)
     assert 1900 <= estimate_tokens(doc) <= 2100
     assert estimate_tokens("hello world, 12345") == len(["hello", " world", ",", " ", "123", "45"])
+
+
+def _prompt(req: workloads.TimedRequest) -> str:
+    return apply_chat_template(list(req.body["messages"]), add_generation_prompt=True)
+
+
+def test_rag_layouts_put_the_document_in_the_system_or_the_user_message() -> None:
+    """Same seed: the same documents, questions and arrivals; `rag` renders the document inside the
+    system turn and the question alone in the user turn, `rag_user` a short system turn and the document
+    first in the user turn, then the question. In both, two questions on one document share a prompt
+    prefix (in the emulator's tokens) that covers the whole document."""
+    sys_wl, user_wl = workloads.rag(4, SHAPE, quick=True), workloads.rag_user(4, SHAPE, quick=True)
+    assert [r.arrival_s for r in sys_wl.requests] == [r.arrival_s for r in user_wl.requests]
+    assert [r.tag for r in sys_wl.requests] == [r.tag for r in user_wl.requests]
+    tok, plain = SegmentTokenizer(), PseudoTokenizer()
+    for a, b in zip(sys_wl.requests, user_wl.requests, strict=True):
+        (system_a, user_a), (system_b, user_b) = a.body["messages"], b.body["messages"]
+        document = system_a["content"].removeprefix(workloads.RAG_INSTRUCTION + "\n\n")
+        assert document.startswith("# Document ") and user_a["content"].startswith("Question: ")
+        assert system_b["content"] == workloads.RAG_INSTRUCTION
+        assert user_b["content"] == "Document:\n" + document + "\n\n" + user_a["content"]
+        text = _prompt(b)
+        assert text.index(document) < text.index(user_a["content"]) and "<|im_start|>user\nDocument:" in text
+        assert tok.encode(text) == plain.encode(text)  # the floor's and oracle's tokenizer is exact
+    for wl in (sys_wl, user_wl):
+        by_doc: dict[str, list[workloads.TimedRequest]] = {}
+        for r in wl.requests:
+            title = re.search(r"# Document \d+\n", _prompt(r))
+            assert title is not None
+            by_doc.setdefault(title.group(), []).append(r)
+        pair = next(reqs for reqs in by_doc.values() if len(reqs) > 1)
+        first, second = (tok.encode(_prompt(r)) for r in pair[:2])
+        shared = next(i for i, (x, y) in enumerate(zip(first, second, strict=False)) if x != y)
+        assert shared >= min(workloads.RAG_DOC_TOKENS, SHAPE.gpu_tokens // 4) * 0.95, wl.name
+    assert {r.tag for r in sys_wl.requests} == {"first", "repeat"} and sys_wl.sweep
+
+
+def _max_tokens(wl: Workload) -> list[int]:
+    return [int(r.body["max_tokens"]) for r in wl.requests]
+
+
+@pytest.mark.parametrize("name", ["agent", "rag", "rag_user", "noreuse", "hot", "mixed"])
+def test_output_lengths_are_log_uniform_in_range_and_seeded(name: str) -> None:
+    lengths = _max_tokens(workloads.build(name, 3, SHAPE))
+    assert min(lengths) >= workloads.OUTPUT_MIN and max(lengths) <= workloads.OUTPUT_MAX
+    assert lengths == _max_tokens(workloads.build(name, 3, SHAPE))
+    assert lengths != _max_tokens(workloads.build(name, 4, SHAPE))
+    lengths.sort()
+    assert lengths[len(lengths) // 4] < 90 and lengths[3 * len(lengths) // 4] > 180  # log-uniform quartiles
+    assert 100 < lengths[len(lengths) // 2] < 165  # median near sqrt(32 * 512) = 128, mean near 173
+
+
+def test_the_probe_keeps_its_short_outputs() -> None:
+    assert set(_max_tokens(workloads.probe(1, SHAPE))) == {8}

@@ -14,8 +14,8 @@ import aiohttp
 import orjson
 import pytest
 
+from bench.fleet import EmulatorFleet
 from emulator.config import parse_args
-from emulator.launcher import EmulatorFleet
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 from tests.emulator.conftest import Emu, StartEmu
 
@@ -254,5 +254,5 @@ def test_cli_serves_n_replicas_with_one_ready_line_each() -> None:
         for url in fleet.urls:
             with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as resp:
                 assert json.load(resp)["data"][0]["owned_by"] == "sglang"
-        warnings = [line for line in fleet.stderr_lines if "--some-sglang-flag" in line]
+        warnings = [line for line in fleet.log_text().splitlines() if "--some-sglang-flag" in line]
     assert len(warnings) == 1

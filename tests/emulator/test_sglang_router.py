@@ -10,21 +10,18 @@ openai SDK parses.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
+from bench import systems
+from bench.fleet import EmulatorFleet
 from emulator.config import MODEL_DIR
-from emulator.launcher import EmulatorFleet, free_ports, stop_process
 
 pytestmark = pytest.mark.slow
 MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "route me through the router please"}]
@@ -36,36 +33,13 @@ def fleet() -> Iterator[EmulatorFleet]:
         yield fleet
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], workers: int, timeout: float = 30.0) -> None:
-    """The router listens before its workers are registered (in the background, ~50 ms each) and its
-    /health says OK at once; /readiness counts the healthy workers, so wait for all of them."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "router exited"
-        try:
-            with urllib.request.urlopen(f"{url}/readiness", timeout=2) as resp:
-                if json.load(resp).get("healthy_workers") == workers:
-                    return
-        except (urllib.error.URLError, OSError, ValueError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError("sglang-router did not become ready")
-
-
 @pytest.fixture
-def router(fleet: EmulatorFleet, request: pytest.FixtureRequest) -> Iterator[str]:
-    port, metrics_port = free_ports(2)
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--worker-urls", *fleet.urls, "--policy", request.param, "--log-level", "warn"]
-    cmd += ["--prometheus-port", str(metrics_port)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, proc, len(fleet.urls))
-        yield url
-    finally:
-        stop_process(proc)
+def router(fleet: EmulatorFleet, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """sglang-router from the benchmark's command template, ready once /readiness counts every worker
+    healthy (it listens, and says OK on /health, before it has registered them)."""
+    system = systems.select([f"sglang-{request.param}"])[0]
+    with systems.system_process(system, fleet.urls, tmp_path / "router.log") as proc:
+        yield proc.urls[0]
 
 
 def _requests_per_worker(fleet: EmulatorFleet) -> list[int]:

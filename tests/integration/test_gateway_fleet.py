@@ -14,7 +14,8 @@ from pathlib import Path
 
 import openai
 
-from emulator.launcher import EmulatorFleet, free_ports
+from bench.fleet import EmulatorFleet
+from bench.procs import free_ports
 from tests.conftest import StartGateway
 
 MODEL = "emu-model"

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 
-from emulator.launcher import EmulatorFleet
+from bench.fleet import EmulatorFleet
 from tests.conftest import StartGateway, sha256
 
 MODEL = "emu-model"

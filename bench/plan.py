@@ -1,0 +1,87 @@
+"""What `kvroute bench` runs: points (hardware profile, offered load, seeds) x workloads x systems.
+
+A `Point` is one setting of the fleet: its emulator profile, the offered load its open-loop workloads
+are rescaled to (bench/load.py; None for the closed-loop ones, which run at their own pace) and the
+seeds whose mean it reports. The default plan (`make bench`, issue 10):
+
+    profile     load                 seeds    workloads
+    rtx3090x2   0.6                  1, 2, 3  rag, rag_user, mixed, hot, noreuse
+    rtx3090x2   0.3, 0.9             1        the same
+    h200        0.6                  1        the same
+    rtx3090x2   own pace             1        agent, probe
+
+with the seven SWEEP_SYSTEMS. `--matrix` is the old `kvroute bench all`: every workload with every
+system, on the seeds' profile at load 0.6 and one seed. Naming workloads, loads, profiles or seeds on the
+command line builds a custom plan instead (`custom`). Results go to OUT/<profile>/<load-dir>/<workload>/
+(`Point.directory`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.floor import DEFAULT_PROFILE as DEFAULT_PROFILE
+from emulator.timing import PROFILES as TIMING_PROFILES
+
+PROFILES = tuple(TIMING_PROFILES)
+
+SWEEP_WORKLOADS = ("rag", "rag_user", "mixed", "hot", "noreuse")
+OWN_PACE_WORKLOADS = ("agent", "probe")
+SWEEP_SYSTEMS = (
+    "kvroute-cost",
+    "kvroute-cache_aware",
+    "kvroute-least_load",
+    "sglang-cache_aware",
+    "sglang-round_robin",
+    "client-rr",
+    "oracle",
+)
+DATACENTER_PROFILE = "h200"
+DEFAULT_LOAD = 0.6
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    profile: str
+    load: float | None  # None: closed-loop workloads at their own pace
+    seeds: tuple[int, ...]
+    workloads: tuple[str, ...]
+
+    @property
+    def directory(self) -> str:
+        """Where its results go, relative to the output directory: <profile>/load-<x> or /own-pace."""
+        return f"{self.profile}/" + ("own-pace" if self.load is None else f"load-{self.load:g}")
+
+    def describe(self) -> str:
+        seeds = ", ".join(map(str, self.seeds))
+        pace = "own pace" if self.load is None else f"load {self.load:g}"
+        return f"profile {self.profile}, {pace}, seed{'s' if len(self.seeds) > 1 else ''} {seeds}"
+
+
+def default_plan() -> tuple[Point, ...]:
+    return (
+        Point(DEFAULT_PROFILE, DEFAULT_LOAD, (1, 2, 3), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, 0.3, (1,), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, 0.9, (1,), SWEEP_WORKLOADS),
+        Point(DATACENTER_PROFILE, DEFAULT_LOAD, (1,), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, None, (1,), OWN_PACE_WORKLOADS),
+    )
+
+
+def matrix_plan(seed: int = 1) -> tuple[Point, ...]:
+    return (
+        Point(DEFAULT_PROFILE, DEFAULT_LOAD, (seed,), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, None, (seed,), OWN_PACE_WORKLOADS),
+    )
+
+
+def custom(
+    workloads: Sequence[str], loads: Sequence[float], profiles: Sequence[str], seeds: Sequence[int]
+) -> tuple[Point, ...]:
+    """Every named sweep workload at every (profile, load); the named own-pace ones once per profile."""
+    sweep = tuple(w for w in workloads if w in SWEEP_WORKLOADS)
+    own = tuple(w for w in workloads if w not in SWEEP_WORKLOADS)
+    points = [Point(p, load, tuple(seeds), sweep) for p in profiles for load in loads if sweep]
+    points += [Point(p, None, tuple(seeds), own) for p in profiles if own]
+    return tuple(points)

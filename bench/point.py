@@ -1,0 +1,200 @@
+"""One workload at one point of the plan: every system on its own fresh fleet, for every seed.
+
+For a seed: build the workload, rescale it to the point's offered load (bench/load.py; open-loop
+workloads only), compute its floor, then for each system start a fresh emulated fleet on the point's
+profile, start the system, replay, read the replicas' counters before and after, stop both. The
+per-replica prefill seconds come from the records and the counters (bench.fleet.replica_work).
+
+Each run is bounded by a wall-clock deadline: for an open-loop workload 60 s + 4 x its arrival span in
+wall seconds (an overloaded system gets time to drain, but not forever), capped by --max-run-seconds;
+for a closed-loop one the cap itself.
+
+With one seed the results go to OUT/<point dir>/<workload>/; with several, each seed's to
+.../<workload>/seed-N/ (tables and JSON, no plots) and their mean (`report.aggregate`) with plots over
+the pooled records to .../<workload>/.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import aiohttp
+
+from bench import floor, load, plots, report, systems, workloads
+from bench.fleet import EmulatorFleet, FleetSpec, replica_counters, replica_work
+from bench.plan import Point
+from bench.procs import NotReady, served_model
+from bench.progress import Progress
+from bench.runner import Record, replay, rotating
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    systems: tuple[systems.System, ...]
+    fleet: FleetSpec  # replicas, GPU pool, page size; the profile and time scale are set per point
+    quick: bool
+    out_dir: Path
+    max_run_s: float
+    command: str
+    time_scale: float | None = None  # None: each workload's own (Workload.time_scale)
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    records: list[Record] | None
+    per_replica: dict[str, int]
+    work: dict[str, float]
+    skipped: str = ""
+    model_error: float = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A seed's workload at the point, its floor, its offered load and the fleet to run it on."""
+
+    workload: workloads.Workload
+    ideal: list[floor.FloorRequest]
+    offered: load.OfferedLoad
+    fleet: FleetSpec
+    deadline_s: float
+
+
+def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
+    fleet = replace(run.fleet, profile=point.profile)
+    wl = workloads.build(name, seed, fleet.shape, run.quick)
+    fleet = replace(fleet, time_scale=run.time_scale or wl.time_scale)
+    ideal = floor.floor(wl, fleet.page_size, point.profile)
+    if point.load is not None:
+        wl, offered = load.at_load(wl, ideal, point.load, fleet.replicas)
+        deadline = min(run.max_run_s, 60.0 + 4.0 * offered.span_s * fleet.time_scale)
+    else:
+        offered, deadline = load.offered(wl, ideal, fleet.replicas), run.max_run_s
+    return Prepared(wl, ideal, offered, fleet, deadline)
+
+
+async def model_error_ratio(gateway: str) -> float:
+    """kvroute's cache model error over the run, from its /status: sum |predicted - reported cached|
+    over sum prompt tokens, pooled over replicas (NaN when the gateway does not report it)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{gateway}/status") as resp:
+            status = await resp.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return float("nan")
+    model = status.get("cache_model") or {}
+    errors = sum(float(a.get("abs_error_tokens", 0.0)) for a in model.values())
+    prompt = sum(float(a.get("prompt_tokens", 0.0)) for a in model.values())
+    return errors / prompt if prompt else float("nan")
+
+
+async def _replay(prep: Prepared, urls: list[str], progress: Progress) -> list[Record]:
+    """Replay through one proxy URL, or rotate over the replicas' URLs (client-side round robin)."""
+    model = await served_model(urls[0])
+    return await replay(
+        prep.workload, rotating(urls), prep.fleet.time_scale, prep.deadline_s, progress, model
+    )
+
+
+async def run_system(prep: Prepared, system: systems.System, seed: int, logs: Path) -> RunResult:
+    progress = Progress(f"{prep.workload.name:<8} {system.name}", len(prep.workload.requests))
+    fleet_args = prep.fleet.args(seed)
+    async with EmulatorFleet(prep.fleet.replicas, fleet_args, logs / f"{system.name}.emulator.log") as fleet:
+        before = await replica_counters(fleet.urls)
+        model_error = float("nan")
+        try:
+            if system.proxied:
+                async with systems.system_process(system, fleet.urls, logs / f"{system.name}.log") as proc:
+                    records = await _replay(prep, [proc.urls[0]], progress)
+                    if system.name.startswith("kvroute-"):
+                        model_error = await model_error_ratio(proc.urls[0])
+            else:
+                records = await _replay(prep, fleet.urls, progress)
+        except NotReady as exc:
+            progress.close(f"skipped: {exc}"[:300])
+            return RunResult(None, {}, {}, str(exc)[:300])
+        after = await replica_counters(fleet.urls)
+    progress.close()
+    delta = {r: after[r] - before[r] for r in after if r in before}
+    per_replica = {r: c.requests for r, c in delta.items()}
+    return RunResult(
+        records, per_replica, replica_work(records, delta, prep.fleet.timing), model_error=model_error
+    )
+
+
+def caption(name: str, point: Point, seeds: Sequence[int], offered: load.OfferedLoad) -> str:
+    """The line above every table: workload, profile, load (asked and offered), seeds."""
+    pace = (
+        f"load {point.load:g}: {offered.describe()}" if point.load is not None else "own pace (closed loop)"
+    )
+    plural = "s" if len(seeds) > 1 else ""
+    return f"**{name}**, profile `{point.profile}`, {pace}, seed{plural} {', '.join(map(str, seeds))}"
+
+
+def meta(run: RunSettings, prep: Prepared, point: Point, seeds: Sequence[int]) -> dict[str, object]:
+    swept = point.load is not None
+    return {
+        **prep.fleet.meta(),
+        "load": point.load,
+        "offered_load": round(prep.offered.floor, 4) if swept else None,
+        "offered_load_cold": round(prep.offered.cold, 4) if swept else None,
+        "offered_load_peak": round(prep.offered.peak, 4) if swept else None,
+        "arrival_span_s": round(prep.offered.span_s, 2) if swept else None,
+        "seeds": list(seeds),
+        "quick": run.quick,
+        "requests": len(prep.workload.requests),
+        "command": run.command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+async def run_seed(
+    run: RunSettings, point: Point, name: str, seed: int, target: Path, with_plots: bool
+) -> tuple[list[report.Summary], dict[str, list[Record]], Prepared]:
+    """Every system on `name` with `seed` at `point`; writes its results under `target`."""
+    prep = prepare(run, point, name, seed)
+    pace = prep.offered.describe() if point.load is not None else "own pace"
+    print(f"   {name} seed {seed}: {len(prep.workload.requests)} requests, ~{prep.workload.prompt_tokens} "
+          f"prompt tokens, {pace}", file=sys.stderr)  # fmt: skip
+    summaries, all_records, skipped = [], {}, {}
+    for system in run.systems:
+        result = await run_system(prep, system, seed, target / "logs")
+        if result.records is None:
+            skipped[system.name] = result.skipped
+            continue
+        all_records[system.name] = result.records
+        summaries.append(report.summarize(system.name, result.records, result.per_replica, result.work,
+                                          system.note, result.model_error))  # fmt: skip
+    summaries.append(report.floor_summary(prep.ideal))
+    md = report.write_results(target, name, meta(run, prep, point, [seed]), summaries, all_records, skipped,
+                              caption(name, point, [seed], prep.offered))  # fmt: skip
+    if with_plots and all_records:
+        plots.write_all(target, name, [s for s in summaries if s.system != report.FLOOR], all_records)
+    print(md, file=sys.stderr)
+    return summaries, all_records, prep
+
+
+async def run_point(run: RunSettings, point: Point, name: str) -> None:
+    """`name` at `point`: one seed, or each seed then their mean (module docstring)."""
+    target = run.out_dir / point.directory / name
+    if len(point.seeds) == 1:
+        await run_seed(run, point, name, point.seeds[0], target, with_plots=True)
+        return
+    runs, preps = [], []
+    pooled: dict[str, list[Record]] = {}
+    for seed in point.seeds:
+        summaries, records, prep = await run_seed(run, point, name, seed, target / f"seed-{seed}", False)
+        runs.append(summaries)
+        preps.append(prep)
+        for system, recs in records.items():
+            pooled.setdefault(system, []).extend(recs)
+    mean = report.aggregate(runs)
+    prep = replace(preps[0], offered=load.mean_load([p.offered for p in preps]))
+    md = report.write_results(target, name, meta(run, prep, point, point.seeds), mean, {}, {},
+                              caption(name, point, point.seeds, prep.offered))  # fmt: skip
+    measured = [s for s in mean if s.system != report.FLOOR]
+    if pooled and measured:
+        plots.write_all(target, name, measured, pooled)
+    print(md, file=sys.stderr)

@@ -4,6 +4,7 @@
     kvroute emulate  emulated SGLang fleet  (emulator.cli)
     kvroute bench    the fleet benchmark    (bench.cli)
     kvroute demo     gateway + 3 emulated replicas + a short workload (bench.demo)
+    kvroute probe    HiCache eviction-reuse probe of a replica or gateway (diag.probe)
 
 Sub-commands are imported lazily by name, so that the gateway never imports the emulator or the bench.
 """
@@ -19,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("emulator.cli", "emulated SGLang replicas"),
     "bench": ("bench.cli", "the fleet benchmark"),
     "demo": ("bench.demo", "gateway + 3 emulated replicas + a short workload"),
+    "probe": ("diag.probe", "HiCache eviction-reuse probe (cold, pressure, re-send, re-send)"),
 }
 
 

@@ -1,0 +1,98 @@
+"""Text and JSON reports of ``kvroute probe`` and ``kvroute ab`` (pure; prompts appear as digests only).
+
+The probe's table lists the three timed sends of R with each TTFT as a ratio to the cold one, beside
+seed 1's write_back ratios (15.4 : 0.4 : 0.1 s = 1 : 0.026 : 0.0065), so a run on any hardware or an
+emulator with a time scale compares directly. The A/B table gives, per URL and phase, the median TTFT
+(with min-max over runs), prefill throughput = prompt tokens / TTFT (for the hot phase an equivalent
+rate, as seed 2 notes: most of the prompt was not recomputed) and the cached-token report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from diag.client import Generation
+from diag.metrics import HOST_USED
+
+if TYPE_CHECKING:
+    from diag.probe import ProbeResult
+
+SEED_RATIOS = (1.0, 0.4 / 15.4, 0.1 / 15.4)  # seed 1, write_back: cold, after eviction, again
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _row(name: str, g: Generation, cold: float, seed: float, gateway: bool) -> str:
+    ratio = g.ttft_s / cold if cold > 0 else float("nan")
+    cells = f"  {name:<20} {g.ttft_s:>9.3f} {ratio:>8.4f} {seed:>8.4f} {_count(g.cached_tokens):>9}"
+    cells += f" {_count(g.device):>9} {_count(g.host):>9}"
+    return cells + (f"  {g.replica or '-'}" if gateway else "")
+
+
+def _host_line(host: tuple[int | None, int | None, int | None]) -> str:
+    if all(v is None for v in host):
+        return f"  host pool used: not exposed (no {HOST_USED}; SGLang needs --enable-metrics)"
+    before, middle, end = (_count(v) for v in host)
+    return (
+        f"  host pool used ({HOST_USED}): {before} before -> {middle} after the pressure -> {end} at the end"
+    )
+
+
+def _plan_lines(r: ProbeResult) -> list[str]:
+    p = r.plan
+    high = f"host pool - R {p.high:,}" if p.high is not None else "no host pool"
+    lines = [
+        f"  pressure: {r.pressure_contexts} unique contexts of {p.context_tokens:,} tokens; target "
+        f"{p.target_tokens:,} tokens on R's replica (GPU pool {p.low:,} <= pressure <= {high})"
+    ]
+    if r.target.gateway:
+        served = ", ".join(f"{k} {v:,}" for k, v in sorted(r.pressure.items()))
+        lines.append(f"  pressure served per replica: {served}")
+    return lines + ([f"  note: {p.note}"] if p.note else [])
+
+
+def probe_text(r: ProbeResult) -> str:
+    prompt = "token ids" if r.token_ids else "text"
+    lines = [
+        f"kvroute probe: {r.target.describe()}",
+        f"  R's replica {r.pool.replica}: {r.pool.describe()}",
+        f"  R: {r.cold.prompt_tokens or 0:,} tokens sent as {prompt} (prompt {r.r_digest}, seed {r.seed})",
+        *_plan_lines(r),
+        "",
+        f"  {'step':<20} {'TTFT s':>9} {'x cold':>8} {'seed 1':>8} {'cached':>9} {'device':>9} {'host':>9}"
+        + ("  replica" if r.target.gateway else ""),
+    ]
+    steps = (("1 R cold", r.cold), ("3 R after eviction", r.after), ("4 R again", r.again))
+    for (name, g), seed in zip(steps, SEED_RATIOS, strict=True):
+        lines.append(_row(name, g, r.cold.ttft_s, seed, r.target.gateway))
+    lines += ["", _host_line(r.host_used), f"verdict: {r.verdict.outcome}: {r.verdict.reason}"]
+    return "\n".join(lines + [f"  note: {n}" for n in r.verdict.notes])
+
+
+def _dump(doc: Any) -> str:
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+
+
+def probe_json(r: ProbeResult) -> str:
+    doc = {
+        "target": {"url": r.target.url, "gateway": r.target.gateway, "version": r.target.version},
+        "replica": dataclasses.asdict(r.pool),
+        "seed": r.seed,
+        "prompts_as_token_ids": r.token_ids,
+        "r_digest": r.r_digest,
+        "plan": dataclasses.asdict(r.plan),
+        "pressure": {"contexts": r.pressure_contexts, "served_tokens": r.pressure},
+        "steps": {
+            "cold": dataclasses.asdict(r.cold),
+            "after_eviction": dataclasses.asdict(r.after),
+            "again": dataclasses.asdict(r.again),
+        },
+        "host_used_tokens": dict(zip(("before", "after_pressure", "end"), r.host_used, strict=True)),
+        "verdict": dataclasses.asdict(r.verdict),
+    }
+    return _dump(doc)

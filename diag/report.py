@@ -18,6 +18,7 @@ from diag.client import Generation
 from diag.metrics import HOST_USED
 
 if TYPE_CHECKING:
+    from diag.ab import AbResult, Phase
     from diag.probe import ProbeResult
 
 SEED_RATIOS = (1.0, 0.4 / 15.4, 0.1 / 15.4)  # seed 1, write_back: cold, after eviction, again
@@ -96,3 +97,48 @@ def probe_json(r: ProbeResult) -> str:
         "verdict": dataclasses.asdict(r.verdict),
     }
     return _dump(doc)
+
+
+AB_HEADER = "  phase     TTFT s           min-max  prefill tok/s    cached    device      host"
+
+
+def _phase_row(phase: Phase) -> str:
+    g = phase.last
+    span = f"{min(phase.ttfts):.3f}-{max(phase.ttfts):.3f}"
+    return (
+        f"  {phase.name:<6} {phase.median:>9.3f} {span:>17} {phase.prefill_rate:>14,.0f} "
+        f"{_count(g.cached_tokens):>9} {_count(g.device):>9} {_count(g.host):>9}"
+    )
+
+
+def ab_text(results: list[AbResult]) -> str:
+    first = results[0]
+    lines = [
+        f"kvroute ab: {first.prompt_tokens:,}-token prompt, median of {first.runs} runs, "
+        f"/flush_cache before each cold run (seed {first.seed})"
+    ]
+    for r in results:
+        lines += ["", f"{r.target.describe()}: {', '.join(p.describe() for p in r.target.pools)}", AB_HEADER]
+        lines += [_phase_row(r.cold), _phase_row(r.hot), f"  hot is {r.speedup:.1f}x faster than cold"]
+        lines += [f"  note: {n}" for n in r.notes]
+    lines += [
+        "",
+        "prefill tok/s = prompt tokens / TTFT (hot: an equivalent rate, the cached part was not recomputed)",
+    ]
+    return "\n".join(lines)
+
+
+def ab_json(results: list[AbResult]) -> str:
+    docs = []
+    for r in results:
+        phases = {
+            p.name: {"ttfts": p.ttfts, "median": p.median, "prefill_rate": p.prefill_rate,
+                     "last": dataclasses.asdict(p.last)}
+            for p in (r.cold, r.hot)
+        }  # fmt: skip
+        target = {"url": r.target.url, "gateway": r.target.gateway, "version": r.target.version}
+        pools = [dataclasses.asdict(p) for p in r.target.pools]
+        docs.append({"target": target, "replicas": pools, "runs": r.runs, "seed": r.seed,
+                     "prompt_tokens": r.prompt_tokens, "speedup": r.speedup, "phases": phases,
+                     "notes": list(r.notes)})  # fmt: skip
+    return _dump({"results": docs})

@@ -98,7 +98,7 @@ async def runs(client: SGLangClient, prompt: Prompt, n: int, flush_timeout: floa
 async def ab_one(url: str, args: argparse.Namespace, seed: int, progress: Progress) -> AbResult:
     async with SGLangClient(url, args.timeout) as client:
         target = await discover(client)
-        progress.note(f"{target.describe()}; {', '.join(p.describe() for p in target.pools)}")
+        progress.note(target.describe())
         limits = [p.max_input_tokens for p in target.pools if p.max_input_tokens is not None]
         if limits and args.context_tokens > min(limits):
             raise DiagError(

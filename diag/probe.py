@@ -109,7 +109,7 @@ async def probe(url: str, context_tokens: int, seed: int, max_new_tokens: int, t
     """Runs the whole probe against ``url``; raises DiagError with a one-line reason."""
     async with SGLangClient(url, timeout_s) as client:
         target = await discover(client)
-        progress.note(f"{target.describe()}; {', '.join(p.describe() for p in target.pools)}")
+        progress.note(target.describe())
         maker = await PromptMaker.create(client, seed, max_new_tokens)
         return await Probe(client, target, maker, progress).run(context_tokens)
 

@@ -61,7 +61,7 @@ def probe_text(r: ProbeResult) -> str:
     prompt = "token ids" if r.token_ids else "text"
     lines = [
         f"kvroute probe: {r.target.describe()}",
-        f"  R's replica {r.pool.replica}: {r.pool.describe()}",
+        *([f"  R's replica: {r.pool.replica}"] if r.target.gateway else []),
         f"  R: {r.cold.prompt_tokens or 0:,} tokens sent as {prompt} (prompt {r.r_digest}, seed {r.seed})",
         *_plan_lines(r),
         "",
@@ -118,7 +118,7 @@ def ab_text(results: list[AbResult]) -> str:
         f"/flush_cache before each cold run (seed {first.seed})"
     ]
     for r in results:
-        lines += ["", f"{r.target.describe()}: {', '.join(p.describe() for p in r.target.pools)}", AB_HEADER]
+        lines += ["", r.target.describe(), AB_HEADER]
         lines += [_phase_row(r.cold), _phase_row(r.hot), f"  hot is {r.speedup:.1f}x faster than cold"]
         lines += [f"  note: {n}" for n in r.notes]
     lines += [

@@ -63,9 +63,11 @@ class Target:
         return self.pools[0]
 
     def describe(self) -> str:
+        """One line for a replica; for a gateway, one more line per healthy replica."""
         if self.gateway:
-            return f"kvroute gateway {self.url}, {len(self.pools)} healthy replica(s)"
-        return f"SGLang {self.version or '?'} at {self.url}"
+            head = f"kvroute gateway {self.url}, {len(self.pools)} healthy replica(s)"
+            return "\n".join([head, *(f"  replica {p.replica}: {p.describe()}" for p in self.pools)])
+        return f"SGLang {self.version or '?'} at {self.url}: {self.pools[0].describe()}"
 
 
 def _num(doc: Mapping[str, Any], key: str) -> int:

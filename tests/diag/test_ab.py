@@ -10,8 +10,8 @@ import time
 import orjson
 import pytest
 
-from diag.ab import main
-from diag.client import DiagError, SGLangClient
+from diag.ab import Phase, main
+from diag.client import DiagError, Generation, SGLangClient
 from diag.prompts import PromptMaker
 from tests.conftest import Emulators
 
@@ -33,7 +33,8 @@ async def run_cli(*argv: str) -> tuple[int, str, str]:
 
 async def test_ab_on_a_write_back_replica(emulator_server: Emulators) -> None:
     emu = await emulator_server(*WRITE_BACK, *SCALE)
-    code, out, err = await run_cli(emu.url, "--context-tokens", str(TOKENS), "--json", "--seed", "4")
+    argv = ("--context-tokens", str(TOKENS), "--max-new-tokens", "16", "--json", "--seed", "4")
+    code, out, err = await run_cli(emu.url, *argv)
     assert code == 0, err
     (result,) = orjson.loads(out)["results"]
     cold, hot = result["phases"]["cold"], result["phases"]["hot"]
@@ -44,6 +45,8 @@ async def test_ab_on_a_write_back_replica(emulator_server: Emulators) -> None:
     assert cold["median"] == sorted(cold["ttfts"])[1]
     assert cold["prefill_rate"] == pytest.approx(TOKENS / cold["median"])
     assert result["speedup"] > 10
+    last = hot["last"]  # TTFT is the first token: 15 decode steps (15 / 133 tok/s, x 0.05) come after it
+    assert last["total_s"] - last["ttft_s"] > 0.8 * 15 / 133 * 0.05
     for i in (1, 2, 3):
         assert f"run {i}/3: cache flushed" in err and f"run {i}/3 cold" in err and f"run {i}/3 hot" in err
 
@@ -77,3 +80,9 @@ async def test_flush_waits_while_the_server_is_busy(emulator_server: Emulators) 
         assert running.done() and time.monotonic() - started > 0.5
         assert (await running).cached_tokens == 0
         assert emu.replica.engine.cache.stats().gpu_used == 0
+
+
+def test_phase_median_and_prefill_rate() -> None:
+    g = Generation(2.0, 2.1, 1000, 0, 0, 0, None, None)
+    phase = Phase("cold", (3.0, 1.0, 2.0), 1000, g)
+    assert phase.median == 2.0 and phase.prefill_rate == 500.0  # prompt tokens / median TTFT

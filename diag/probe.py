@@ -5,7 +5,9 @@
                        out of the GPU pool, not enough to push it out of the host pool
     3. R after eviction  the host-pool test: ~0.026 x cold when HiCache reuses the host copy (seed 1:
                        15.4 s -> 0.4 s), ~1 x cold when it does not (write_through on a hybrid model)
-    4. R again         now on the GPU: ~0.0065 x cold (0.1 s)
+    4. R again         now on the GPU: ~0.0065 x cold (0.1 s); a cheap GPU hit, so it is sent ``--again``
+                       times (3) and the fastest send is reported: noise (a scheduling hiccup, a busy
+                       network) only ever adds time, and on a 0.1 s request it is a large share
 
 All four are streamed ``/generate`` requests with a small ``max_new_tokens``: the native route reports
 ``cached_tokens`` and the per-tier ``cached_tokens_details`` (device/host) in every response without
@@ -27,10 +29,10 @@ from dataclasses import dataclass
 from diag import report
 from diag.client import DiagError, Generation, SGLangClient
 from diag.metrics import read_host_used
-from diag.options import add_common, seed_of
+from diag.options import DEFAULT_CONTEXT_TOKENS, DEFAULT_TIMEOUT_S, add_common, positive_int, seed_of
 from diag.pressure import Plan, check_context, plan_pressure
 from diag.progress import Progress
-from diag.prompts import PromptMaker
+from diag.prompts import Prompt, PromptMaker
 from diag.target import Pool, Target, discover
 from diag.verdict import Verdict, judge
 
@@ -47,11 +49,21 @@ class ProbeResult:
     r_digest: str
     cold: Generation
     after: Generation
-    again: Generation
+    again: Generation  # the fastest of the step-4 sends
+    again_ttfts: tuple[float, ...]
     pressure: dict[str, int]  # replica -> pressure tokens it served
     pressure_contexts: int
     host_used: tuple[int | None, int | None, int | None]  # before step 1, after step 2, at the end
     verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeOptions:
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    seed: int = 0
+    max_new_tokens: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    again: int = 3  # step-4 sends; the fastest is reported
 
 
 class Probe:
@@ -81,37 +93,43 @@ class Probe:
             served[replica] = served.get(replica, 0) + (g.prompt_tokens or prompt.tokens)
         return served, sent
 
-    async def run(self, context_tokens: int) -> ProbeResult:
+    async def again(self, r: Prompt, n: int) -> tuple[Generation, tuple[float, ...]]:
+        """Step 4, ``n`` times: the fastest send, and every send's TTFT."""
+        sends = [await self.send(f"4/4 R again {i}/{n}", r.tokens, r.body, False) for i in range(1, n + 1)]
+        return min(sends, key=lambda g: g.ttft_s), tuple(g.ttft_s for g in sends)
+
+    async def run(self, opts: ProbeOptions) -> ProbeResult:
         for pool in self.target.pools:
-            check_context(pool, context_tokens)
+            check_context(pool, opts.context_tokens)
         before = await self.host_used()
-        r = self.maker.make(context_tokens)
+        r = self.maker.make(opts.context_tokens)
         cold = await self.send("1/4 R cold", r.tokens, r.body, sticky=True)
         self.maker.calibrate(r.tokens, cold.prompt_tokens)
-        r_tokens = cold.prompt_tokens or r.tokens
         pool = self.target.pool(cold.replica)
-        plan = plan_pressure(pool, r_tokens, context_tokens, len(self.target.pools), self.target.gateway)
+        fleet = len(self.target.pools)
+        plan = plan_pressure(
+            pool, cold.prompt_tokens or r.tokens, opts.context_tokens, fleet, self.target.gateway
+        )
         served, sent = await self.pressure(pool, plan)
         middle = await read_host_used(self.client, pool.replica)
         after = await self.send("3/4 R after eviction", r.tokens, r.body, sticky=False)
-        again = await self.send("4/4 R again", r.tokens, r.body, sticky=False)
+        again, again_ttfts = await self.again(r, opts.again)
         end = await read_host_used(self.client, pool.replica)
         verdict = judge(pool, plan, served.get(pool.replica, 0), cold, after, again)
         host = (before.get(pool.replica), middle, end)
         return ProbeResult(
             self.target, pool, plan, self.maker.seed, self.maker.token_ids, r.digest,
-            cold, after, again, served, sent, host, verdict,
+            cold, after, again, again_ttfts, served, sent, host, verdict,
         )  # fmt: skip
 
 
-async def probe(url: str, context_tokens: int, seed: int, max_new_tokens: int, timeout_s: float,
-                progress: Progress) -> ProbeResult:  # fmt: skip
+async def probe(url: str, opts: ProbeOptions, progress: Progress) -> ProbeResult:
     """Runs the whole probe against ``url``; raises DiagError with a one-line reason."""
-    async with SGLangClient(url, timeout_s) as client:
+    async with SGLangClient(url, opts.timeout_s) as client:
         target = await discover(client)
         progress.note(target.describe())
-        maker = await PromptMaker.create(client, seed, max_new_tokens)
-        return await Probe(client, target, maker, progress).run(context_tokens)
+        maker = await PromptMaker.create(client, opts.seed, opts.max_new_tokens)
+        return await Probe(client, target, maker, progress).run(opts)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -120,6 +138,7 @@ def parser() -> argparse.ArgumentParser:
         description="Seed 1's eviction-reuse probe: does the host pool (HiCache) give evicted prefixes back?",
     )
     add_common(p)
+    p.add_argument("--again", type=positive_int, default=3, help="sends of step 4, fastest reported (3)")
     return p
 
 
@@ -127,9 +146,8 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     progress = Progress("kvroute probe", enabled=not args.quiet)
     try:
-        result = asyncio.run(
-            probe(args.url, args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, progress)
-        )
+        opts = ProbeOptions(args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again)
+        result = asyncio.run(probe(args.url, opts, progress))
     except DiagError as e:
         print(f"kvroute probe: error: {e}", file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ from diag import report
 from diag.ab import ab
 from diag.ab import parser as ab_parser
 from diag.client import SGLangClient
-from diag.probe import probe
+from diag.probe import ProbeOptions, probe
 from diag.progress import Progress
 from diag.target import discover
 from diag.verdict import WORKS
@@ -28,9 +28,7 @@ R = 40_000
 async def test_probe_through_the_gateway(emulator_server: Emulators, gateway: StartGateway) -> None:
     replicas = [await emulator_server(*FLAGS), await emulator_server(*FLAGS)]
     gw = await gateway([e.url for e in replicas])
-    result = await probe(
-        gw.url, R, seed=21, max_new_tokens=1, timeout_s=60, progress=Progress("t", enabled=False)
-    )
+    result = await probe(gw.url, ProbeOptions(R, seed=21, timeout_s=60), Progress("t", enabled=False))
     assert result.target.gateway and {p.replica for p in result.target.pools} == {e.url for e in replicas}
     home = result.pool.replica
     assert result.cold.replica == result.after.replica == result.again.replica == home

@@ -3,13 +3,14 @@
 The replicas have a 48,000-token GPU pool (page 1) and, with HiCache, a 96,001-token host pool, so the
 probe plans 2 pressure contexts of 26,000 tokens (between the GPU pool and host pool - R). Timings:
 
-- write_back (slow-marked, time scale 0.25, ~9 s): the probe's wall TTFTs, converted to modelled
+- write_back (slow-marked, time scale 0.4, ~15 s): the probe's wall TTFTs, converted to modelled
   seconds, must be within 20% of seed 1's ratios cold : after eviction : again = 15.4 : 0.4 : 0.1.
   Conversion: modelled = (wall - floor) / scale, where the floor is the real time a 40K-token request
   spends outside the emulator's timeline (loopback HTTP, JSON parsing, the radix match; ~4 ms here),
-  measured after the probe on the same replica as the median of wall - modelled x scale over 8 more GPU
-  hits of R (modelled from their cached-token report with the emulator's timing model). At scale 0.25
-  the 0.1 s step is 25 ms, so a few ms of scheduling noise stay inside the margin.
+  measured after the probe on the same replica as the least wall - modelled x scale over 8 more GPU hits
+  of R (modelled from their cached-token report with the emulator's timing model; noise only adds time,
+  so the least is the floor). At scale 0.4 the 0.1 s step is 40 ms, and the probe reports the fastest
+  of its 3 sends of step 4, so a few ms of scheduling noise stay inside the margin.
 - the verdict tests run at scale 0.05 (~2 s each) through the command line (`main`, in a thread) and
   check the verdict, the per-tier cached tokens and the host-pool gauge.
 """
@@ -17,13 +18,12 @@ probe plans 2 pressure contexts of 26,000 tokens (between the GPU pool and host 
 from __future__ import annotations
 
 import asyncio
-import statistics
 
 import orjson
 import pytest
 
 from diag.client import SGLangClient
-from diag.probe import main, probe
+from diag.probe import ProbeOptions, main, probe
 from diag.progress import Progress
 from diag.prompts import PromptMaker
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
@@ -44,7 +44,7 @@ def scale(s: float) -> tuple[str, str]:
 
 
 async def transport_floor(url: str, time_scale: float, seed: int) -> float:
-    """Median real seconds a GPU hit of the probe's R (rebuilt from the seed) spends outside the
+    """The least real time a GPU hit of the probe's R (rebuilt from the seed) spends outside the
     emulator's modelled timeline on the replica at ``url``."""
     timing = ProfileTiming(PROFILES["rtx3090x2"], hicache=True)
     async with SGLangClient(url) as client:
@@ -54,7 +54,7 @@ async def transport_floor(url: str, time_scale: float, seed: int) -> float:
             g = await client.generate(r.body)
             modelled = ttft_seconds(timing, R, g.cached_tokens or 0, g.host or 0, 0)
             floors.append(g.ttft_s - modelled * time_scale)
-    return statistics.median(floors)
+    return min(floors)
 
 
 async def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -74,11 +74,9 @@ async def run_cli(*argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 async def test_write_back_reuses_the_host_pool_at_seed_ratios(emulator_server: Emulators) -> None:
-    time_scale = 0.25
+    time_scale = 0.4
     emu = await emulator_server(*POOLS, *WRITE_BACK, *scale(time_scale))
-    result = await probe(
-        emu.url, R, seed=7, max_new_tokens=1, timeout_s=60, progress=Progress("t", enabled=False)
-    )
+    result = await probe(emu.url, ProbeOptions(R, seed=7, timeout_s=60), Progress("t", enabled=False))
     floor = await transport_floor(emu.url, time_scale, seed=7)
     modelled = [(g.ttft_s - floor) / time_scale for g in (result.cold, result.after, result.again)]
     print(f"floor {floor * 1000:.2f} ms; modelled s {[round(m, 3) for m in modelled]}")
@@ -102,9 +100,9 @@ async def test_write_back_verdict_and_progress_through_the_cli(emulator_server: 
     assert "verdict: host reuse works" in out
     assert "2 unique contexts of 26,000 tokens" in out
     assert "host pool used (sglang:hicache_host_used_tokens): 0 before -> " in out
-    for step in ("1/4 R cold", "2/4 pressure 1/2", "2/4 pressure 2/2", "3/4 R after eviction", "4/4 R again"):
-        assert step in err
-    assert "elapsed" in err and "sent     172,000" in err  # R x 3 + 2 x 26,000
+    steps = ("1/4 R cold", "2/4 pressure 1/2", "2/4 pressure 2/2", "3/4 R after eviction", "4/4 R again 3/3")
+    assert all(step in err for step in steps)
+    assert "elapsed" in err and "sent     252,000" in err  # R x 5 + 2 x 26,000
 
 
 async def test_write_through_on_a_hybrid_model_is_broken(emulator_server: Emulators) -> None:

@@ -40,6 +40,10 @@ class Unreachable(DiagError):
     """No connection could be made (refused, DNS, connect timeout)."""
 
 
+class Unauthorized(DiagError):
+    """The server wants an API key, or refused the one given (HTTP 401/403)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Generation:
     """What one streamed /generate request measured and reported (token counts None when absent)."""
@@ -109,10 +113,12 @@ def generation(ttft: float, total: float, meta: dict[str, Any], replica: str | N
 class SGLangClient:
     """One ClientSession against one base URL (other bases, e.g. a gateway's replicas, per call)."""
 
-    def __init__(self, url: str, timeout_s: float = 900.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 900.0, api_key: str | None = None) -> None:
         self.url = check_url(url)
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
+        # the key goes to this URL only, never to the replicas a gateway lists
+        self._headers = JSON_HEADERS | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
 
     async def __aenter__(self) -> SGLangClient:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
@@ -137,7 +143,8 @@ class SGLangClient:
         """(status, body) of one request; connection problems and timeouts raise DiagError."""
         url = (base or self.url) + path
         try:
-            async with self.session.request(method, url, data=body, headers=JSON_HEADERS) as resp:
+            headers = self._headers if base in (None, self.url) else JSON_HEADERS
+            async with self.session.request(method, url, data=body, headers=headers) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientConnectorError as e:
             raise Unreachable(f"cannot connect to {base or self.url}: {e.os_error.strerror or e}") from None
@@ -149,6 +156,9 @@ class SGLangClient:
         status, body = await self.request("GET", path, base=base)
         if status == 404:
             return None
+        if status in {401, 403}:
+            advice = "pass --api-key" if "Authorization" not in self._headers else "the API key was refused"
+            raise Unauthorized(f"GET {base or self.url}{path} returned HTTP {status}: {advice}")
         if status != 200:
             raise DiagError(f"GET {base or self.url}{path} returned HTTP {status}: {error_text(body)}")
         try:
@@ -177,7 +187,7 @@ class SGLangClient:
     async def generate(self, body: bytes, headers: dict[str, str] | None = None) -> Generation:
         """One streamed /generate request (``body`` already has ``"stream": true``)."""
         try:
-            return await self._stream(body, JSON_HEADERS | (headers or {}))
+            return await self._stream(body, self._headers | (headers or {}))
         except aiohttp.ClientConnectorError as e:
             raise Unreachable(f"cannot connect to {self.url}: {e.os_error.strerror or e}") from None
         except (aiohttp.ClientError, TimeoutError) as e:

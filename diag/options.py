@@ -48,6 +48,7 @@ def add_common(p: argparse.ArgumentParser, many_urls: bool = False) -> None:
     add("--seed", type=int, default=None, help="prompt generator seed (default: from the clock)")
     add("--max-new-tokens", type=positive_int, default=1, help="output tokens per request (1)")
     add("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per request (900)")
+    add("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to URL (SGLang --api-key)")
     add("--json", action="store_true", help="print the result as JSON")
     add("--quiet", action="store_true", help="no progress lines on stderr")
 

@@ -64,6 +64,7 @@ class ProbeOptions:
     max_new_tokens: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
     again: int = 3  # step-4 sends; the fastest is reported
+    api_key: str | None = None
 
 
 class Probe:
@@ -125,7 +126,7 @@ class Probe:
 
 async def probe(url: str, opts: ProbeOptions, progress: Progress) -> ProbeResult:
     """Runs the whole probe against ``url``; raises DiagError with a one-line reason."""
-    async with SGLangClient(url, opts.timeout_s) as client:
+    async with SGLangClient(url, opts.timeout_s, opts.api_key) as client:
         target = await discover(client)
         progress.note(target.describe())
         maker = await PromptMaker.create(client, opts.seed, opts.max_new_tokens)
@@ -146,7 +147,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     progress = Progress("kvroute probe", enabled=not args.quiet)
     try:
-        opts = ProbeOptions(args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again)
+        opts = ProbeOptions(
+            args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again, args.api_key
+        )
         result = asyncio.run(probe(args.url, opts, progress))
     except DiagError as e:
         print(f"kvroute probe: error: {e}", file=sys.stderr)

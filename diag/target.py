@@ -10,7 +10,8 @@ Detection, in order:
    (``proxy.replica_info``, the gateway's own parser): GPU = ``internal_states[0].memory_usage.
    token_capacity`` else ``max_total_num_tokens``; host = ``hicache_size`` GB / bytes per token, or
    ``ceil_page(gpu x hicache_ratio) + page``.
-Anything else is "not an SGLang server or a kvroute gateway"; a refused connection is "unreachable".
+Anything else is "not an SGLang server or a kvroute gateway"; a refused connection is "unreachable", and
+HTTP 401/403 asks for ``--api-key``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from diag.client import DiagError, SGLangClient, Unreachable
+from diag.client import DiagError, SGLangClient, Unauthorized, Unreachable
 from proxy.replica_info import parse_replica_info
 
 
@@ -113,7 +114,7 @@ async def _optional_json(client: SGLangClient, *paths: str) -> Any:
     for path in paths:
         try:
             doc = await client.get_json(path)
-        except Unreachable:
+        except (Unreachable, Unauthorized):
             raise
         except DiagError:
             continue

@@ -89,3 +89,14 @@ async def test_a_context_larger_than_the_replica_takes(emulator_server: Emulator
     assert code == 1 and "--context-tokens 40,000 exceeds" in err and "max_req_input_len 29,999" in err
     code, _, err = await asyncio.to_thread(run, ab.main, emu.url, "--quiet")
     assert code == 1 and "exceeds max_req_input_len 29,999" in err
+
+
+async def test_an_api_key_is_asked_for_and_used(emulator_server: Emulators) -> None:
+    emu = await emulator_server("--api-key", "s3cret", "--page-size", "1", "--emu-time-scale", "0.01")
+    code, _, err = await asyncio.to_thread(run, probe.main, emu.url, "--quiet")
+    assert code == 1 and "returned HTTP 401: pass --api-key" in err
+    code, _, err = await asyncio.to_thread(run, ab.main, emu.url, "--quiet", "--api-key", "wrong")
+    assert code == 1 and "the API key was refused" in err
+    argv = ("--quiet", "--api-key", "s3cret", "--runs", "1", "--context-tokens", "2000")
+    code, out, err = await asyncio.to_thread(run, ab.main, emu.url, *argv)
+    assert code == 0 and "hot is" in out and "s3cret" not in out + err

@@ -178,10 +178,9 @@ class SGLangClient:
         payload = orjson.dumps({"prompt": text, "add_special_tokens": False})
         for path in ("/v1/tokenize", "/tokenize"):
             status, body = await self.request("POST", path, payload)
-            if status == 200:
-                tokens = orjson.loads(body).get("tokens")
-                if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-                    return tokens
+            tokens = _json_field(body, "tokens") if status == 200 else None
+            if isinstance(tokens, list) and tokens and all(_int(t) is not None for t in tokens):
+                return tokens
         return None
 
     async def generate(self, body: bytes, headers: dict[str, str] | None = None) -> Generation:
@@ -226,6 +225,14 @@ class SGLangClient:
             status, body = await self.request("POST", f"/flush_cache?timeout={remaining:.1f}")
             if not 200 <= status < 300:  # a server that does not wait: poll once a second
                 await asyncio.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def _json_field(body: bytes, key: str) -> Any:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return doc.get(key) if isinstance(doc, dict) else None
 
 
 def _event(raw: bytes) -> dict[str, Any] | None:

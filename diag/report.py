@@ -51,7 +51,12 @@ def _plan_lines(r: ProbeResult) -> list[str]:
         f"  pressure: {r.pressure_contexts} unique contexts of {p.context_tokens:,} tokens; target "
         f"{p.target_tokens:,} tokens on R's replica (GPU pool {p.low:,} <= pressure <= {high})"
     ]
-    if r.target.gateway:
+    if r.target.gateway and r.cold.replica is None:
+        lines.append(
+            "  note: the gateway names no replica (no x-kvroute-replica header: --no-request-id-headers?); "
+            "the pressure is counted as if it all reached R's replica"
+        )
+    elif r.target.gateway:
         served = ", ".join(f"{k} {v:,}" for k, v in sorted(r.pressure.items()))
         lines.append(f"  pressure served per replica: {served}")
     return lines + ([f"  note: {p.note}"] if p.note else [])

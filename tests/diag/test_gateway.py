@@ -68,3 +68,13 @@ async def test_ab_through_the_gateway(emulator_server: Emulators, gateway: Start
     assert result.target.gateway and result.notes == ()  # the gateway's fan-out flush emptied the cache
     assert result.cold.last.cached_tokens == 0 and result.hot.last.device == 20_000 - 1
     assert result.hot.last.replica == result.cold.last.replica  # kvroute sent the hot run to its cache
+
+
+async def test_a_gateway_that_names_no_replica_is_reported(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    emu = await emulator_server(*FLAGS)
+    gw = await gateway([emu.url], no_request_id_headers=True)
+    result = await probe(gw.url, ProbeOptions(R, seed=22, timeout_s=60), Progress("t", enabled=False))
+    assert result.cold.replica is None and result.verdict.outcome == WORKS  # one replica: attribution holds
+    assert "the gateway names no replica" in report.probe_text(result)

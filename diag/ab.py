@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from diag import report
 from diag.client import DiagError, Generation, SGLangClient
-from diag.options import add_common, positive_float, positive_int, seed_of
+from diag.options import add_common, plotting, positive_float, positive_int, seed_of
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
 from diag.target import Target, discover
@@ -136,10 +136,12 @@ def main(argv: list[str]) -> int:
     progress = Progress("kvroute ab", enabled=not args.quiet)
     try:
         results = asyncio.run(ab(args, progress))
+        print(report.ab_json(results) if args.json else report.ab_text(results))
+        if args.plot is not None:
+            plotting().ab_png(results, args.plot)
     except DiagError as e:
         print(f"kvroute ab: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    print(report.ab_json(results) if args.json else report.ab_text(results))
     return 0

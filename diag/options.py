@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
+from types import ModuleType
 
 from diag.client import DiagError, check_url
 
@@ -50,9 +52,19 @@ def add_common(p: argparse.ArgumentParser, many_urls: bool = False) -> None:
     add("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per request (900)")
     add("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to URL (SGLang --api-key)")
     add("--json", action="store_true", help="print the result as JSON")
+    add("--plot", type=Path, default=None, metavar="PNG", help="also write a PNG chart (needs matplotlib)")
     add("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def seed_of(args: argparse.Namespace) -> int:
     """--seed, else the clock (so every run sends prompts no cache has seen)."""
     return int(args.seed) if args.seed is not None else time.time_ns() % (1 << 32)
+
+
+def plotting() -> ModuleType:
+    """diag.plots, imported on demand: matplotlib is an optional dependency (the bench extra)."""
+    try:
+        from diag import plots
+    except ImportError:
+        raise DiagError("--plot needs matplotlib: pip install 'kvroute[bench]'") from None
+    return plots

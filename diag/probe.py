@@ -29,7 +29,14 @@ from dataclasses import dataclass
 from diag import report
 from diag.client import DiagError, Generation, SGLangClient
 from diag.metrics import read_host_used
-from diag.options import DEFAULT_CONTEXT_TOKENS, DEFAULT_TIMEOUT_S, add_common, positive_int, seed_of
+from diag.options import (
+    DEFAULT_CONTEXT_TOKENS,
+    DEFAULT_TIMEOUT_S,
+    add_common,
+    plotting,
+    positive_int,
+    seed_of,
+)
 from diag.pressure import Plan, check_context, plan_pressure
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
@@ -151,10 +158,12 @@ def main(argv: list[str]) -> int:
             args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again, args.api_key
         )
         result = asyncio.run(probe(args.url, opts, progress))
+        print(report.probe_json(result) if args.json else report.probe_text(result))
+        if args.plot is not None:
+            plotting().probe_png(result, args.plot)
     except DiagError as e:
         print(f"kvroute probe: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    print(report.probe_json(result) if args.json else report.probe_text(result))
     return 0

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import io
 import time
+from pathlib import Path
 
 import orjson
 import pytest
@@ -51,11 +52,14 @@ async def test_ab_on_a_write_back_replica(emulator_server: Emulators) -> None:
         assert f"run {i}/3: cache flushed" in err and f"run {i}/3 cold" in err and f"run {i}/3 hot" in err
 
 
-async def test_ab_compares_hicache_on_and_off_side_by_side(emulator_server: Emulators) -> None:
+async def test_ab_compares_hicache_on_and_off_side_by_side(
+    emulator_server: Emulators, tmp_path: Path
+) -> None:
     on = await emulator_server(*WRITE_BACK, *SCALE)
     off = await emulator_server("--page-size", "1", *SCALE)
-    code, out, _ = await run_cli(on.url, off.url, "--context-tokens", str(TOKENS), "--runs", "1", "--quiet")
-    assert code == 0
+    argv = ("--context-tokens", str(TOKENS), "--runs", "1", "--quiet", "--plot", str(tmp_path / "ab.png"))
+    code, out, _ = await run_cli(on.url, off.url, *argv)
+    assert code == 0 and (tmp_path / "ab.png").read_bytes().startswith(b"\x89PNG")
     lines = out.splitlines()
     assert lines[0].startswith("kvroute ab: 20,000-token prompt, median of 1 runs")
     on_at = next(i for i, line in enumerate(lines) if on.url in line and "HiCache write_back" in line)

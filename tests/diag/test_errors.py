@@ -100,3 +100,11 @@ async def test_an_api_key_is_asked_for_and_used(emulator_server: Emulators) -> N
     argv = ("--quiet", "--api-key", "s3cret", "--runs", "1", "--context-tokens", "2000")
     code, out, err = await asyncio.to_thread(run, ab.main, emu.url, *argv)
     assert code == 0 and "hot is" in out and "s3cret" not in out + err
+
+
+async def test_a_plot_that_cannot_be_written(emulator_server: Emulators) -> None:
+    emu = await emulator_server("--page-size", "1", "--emu-time-scale", "0.01")
+    argv = ("--quiet", "--runs", "1", "--context-tokens", "2000", "--plot", "/nonexistent-dir/ab.png")
+    code, out, err = await asyncio.to_thread(run, ab.main, emu.url, *argv)
+    assert code == 1 and "hot is" in out  # the report is printed before the plot fails
+    assert err.startswith("kvroute ab: error: cannot write the plot /nonexistent-dir/ab.png")

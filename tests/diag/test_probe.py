@@ -18,6 +18,7 @@ probe plans 2 pressure contexts of 26,000 tokens (between the GPU pool and host 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 import pytest
@@ -93,10 +94,13 @@ async def test_write_back_reuses_the_host_pool_at_seed_ratios(emulator_server: E
     assert end is not None and end >= middle  # reloading R evicted (wrote back) pressure
 
 
-async def test_write_back_verdict_and_progress_through_the_cli(emulator_server: Emulators) -> None:
+async def test_write_back_verdict_and_progress_through_the_cli(
+    emulator_server: Emulators, tmp_path: Path
+) -> None:
     emu = await emulator_server(*POOLS, *WRITE_BACK, *scale(0.05))
-    code, out, err = await run_cli(emu.url, "--seed", "3")
+    code, out, err = await run_cli(emu.url, "--seed", "3", "--plot", str(tmp_path / "probe.png"))
     assert code == 0, err
+    assert (tmp_path / "probe.png").read_bytes().startswith(b"\x89PNG")
     assert "verdict: host reuse works" in out
     assert "2 unique contexts of 26,000 tokens" in out
     assert "host pool used (sglang:hicache_host_used_tokens): 0 before -> " in out

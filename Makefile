@@ -20,7 +20,7 @@ test: $(STAMP)
 check: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
-	$(BIN)/mypy proxy routing
+	$(BIN)/mypy proxy routing diag
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -4,6 +4,8 @@
     kvroute emulate  emulated SGLang fleet  (emulator.cli)
     kvroute bench    the fleet benchmark    (bench.cli)
     kvroute demo     gateway + 3 emulated replicas + a short workload (bench.demo)
+    kvroute probe    HiCache eviction-reuse probe of a replica or gateway (diag.probe)
+    kvroute ab       cold/hot A/B of one or more replicas or gateways (diag.ab)
 
 Sub-commands are imported lazily by name, so that the gateway never imports the emulator or the bench.
 """
@@ -19,6 +21,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("emulator.cli", "emulated SGLang replicas"),
     "bench": ("bench.cli", "the fleet benchmark"),
     "demo": ("bench.demo", "gateway + 3 emulated replicas + a short workload"),
+    "probe": ("diag.probe", "HiCache eviction-reuse probe (cold, pressure, re-send, re-send)"),
+    "ab": ("diag.ab", "cold/hot A/B with /flush_cache, median of 3 runs"),
 }
 
 

@@ -11,19 +11,22 @@
   start time, so a restart cannot be ruled out) calls ``on_restart(replica)``: the prefix index drops
   its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
   kept its cache, and nothing is dropped. Removing a replica calls ``on_removed(replica)``.
-- Load: each routed request takes a ``Lease``: in-flight requests +1 and in-flight prefill tokens +
-  the request's estimated uncached tokens until its first byte arrives; ``release`` (in the handler's
-  ``finally``) undoes whatever is left, exactly once.
+- Load: each routed request takes a ``Lease`` on a ``proxy.load.Work``: queued prefill work (tokens and
+  predicted seconds) until its first byte arrives, then a decoding slot; ``release`` (in the handler's
+  ``finally``) undoes whatever is left, exactly once. Snapshots report the load in work
+  (``proxy/load.py``), at the instant they are taken.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from proxy.errors import UpstreamError
+from proxy.load import DEFAULT_WINDOW_S, ReplicaLoad, Work
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 from proxy.upstream import Upstream
 from routing.tiers import tier_warnings
@@ -38,35 +41,34 @@ HEALTH_TIMEOUT_S = 5.0
 class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
-    __slots__ = (
-        "draining",
-        "failures",
-        "healthy",
-        "id",
-        "inflight_prefill",
-        "inflight_requests",
-        "info",
-        "last_error",
-    )
+    __slots__ = ("draining", "failures", "healthy", "id", "info", "last_error", "load")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, window_s: float = DEFAULT_WINDOW_S) -> None:
         self.id: ReplicaId = url.rstrip("/")
         self.info: ReplicaInfo | None = None
         self.healthy = False
         self.draining = False
         self.failures = 0
-        self.inflight_requests = 0
-        self.inflight_prefill = 0
+        self.load = ReplicaLoad(window_s)
         self.last_error: str | None = None
 
-    def state(self) -> ReplicaState:
+    @property
+    def inflight_requests(self) -> int:
+        return len(self.load.queue) + len(self.load.decoding)
+
+    def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
+        load = self.load.view(time.monotonic() if now is None else now, i.max_running_requests if i else 0)
         return ReplicaState(
             id=self.id,
             healthy=self.healthy and i is not None,
             draining=self.draining,
-            inflight_requests=self.inflight_requests,
-            inflight_prefill_tokens=self.inflight_prefill,
+            inflight_requests=load.inflight_requests,
+            inflight_prefill_tokens=load.inflight_prefill_tokens,
+            inflight_prefill_s=load.inflight_prefill_s,
+            decoding=load.decoding,
+            arrival_rate=load.arrival_rate,
+            utilization=load.utilization,
             gpu_tokens=i.gpu_tokens if i else 0,
             host_tokens=i.host_tokens if i else 0,
             storage_tokens=i.storage_tokens if i else 0,
@@ -87,7 +89,7 @@ class Replica:
             "draining": self.draining,
             "model": i.served_model if i else None,
             "inflight_requests": self.inflight_requests,
-            "inflight_prefill_tokens": self.inflight_prefill,
+            "inflight_prefill_tokens": self.load.queued_tokens,
             "gpu_tokens": i.gpu_tokens if i else None,
             "host_tokens": i.host_tokens if i else None,
             "page_size": i.page_size if i else None,
@@ -102,24 +104,17 @@ class Replica:
 class Lease:
     """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent."""
 
-    __slots__ = ("_prefill", "_released", "replica")
+    __slots__ = ("replica", "work")
 
-    def __init__(self, replica: Replica, prefill_tokens: int) -> None:
-        self.replica = replica
-        self._prefill = prefill_tokens
-        self._released = False
-        replica.inflight_requests += 1
-        replica.inflight_prefill += prefill_tokens
+    def __init__(self, replica: Replica, work: Work) -> None:
+        self.replica, self.work = replica, work
+        replica.load.add(work)
 
     def first_token(self) -> None:
-        self.replica.inflight_prefill -= self._prefill
-        self._prefill = 0
+        self.replica.load.first_token(self.work, time.monotonic())
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.first_token()
-            self.replica.inflight_requests -= 1
+        self.replica.load.release(self.work)
 
 
 class Fleet:
@@ -175,11 +170,12 @@ class Fleet:
         return model == served or model.split(":", 1)[0] == served
 
     def snapshot(self, model: str | None) -> list[ReplicaState]:
-        """States of the replicas that serve ``model`` (any model when None)."""
-        return [r.state() for r in self._replicas.values() if self.serves(r, model)]
+        """States of the replicas that serve ``model`` (any model when None), all at one instant."""
+        now = time.monotonic()
+        return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
 
-    def acquire(self, replica_id: ReplicaId, prefill_tokens: int) -> Lease:
-        return Lease(self._replicas[replica_id], prefill_tokens)
+    def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
+        return Lease(self._replicas[replica_id], work)
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)

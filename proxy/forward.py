@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 
 import aiohttp
@@ -28,6 +29,7 @@ from multidict import CIMultiDict
 
 from proxy.context import Gateway
 from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable
+from proxy.load import Work
 from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
 from proxy.types import ParsedRequest, Usage
 from routing.router import Ticket
@@ -41,9 +43,9 @@ ABORT_TIMEOUT_S = 2.0
 class Attempt:
     """One try on one replica; collects what the outcome needs."""
 
-    def __init__(self, gw: Gateway, replica: ReplicaId, prefill_tokens: int, route: str) -> None:
-        self.gw, self.replica, self.route = gw, replica, route
-        self.lease = gw.fleet.acquire(replica, prefill_tokens)
+    def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest) -> None:
+        self.gw, self.replica, self.route = gw, ticket.replica, parsed.route.value
+        self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed))
         self.t0 = asyncio.get_running_loop().time()
         self.ttft: float | None = None
         self.usage = Usage()
@@ -60,6 +62,19 @@ class Attempt:
         """A non-streamed answer arrived: prefill and decode are done, so there is no TTFT to learn
         from (``ttft`` stays None rather than mixing decode time into prefill-rate learning)."""
         self.lease.first_token()
+
+
+def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
+    """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill."""
+    terms = ticket.prediction.terms
+    return Work(
+        sent_s=time.monotonic(),
+        prefill_tokens=max(0, round(terms.uncached_tokens)),
+        work_s=terms.prefill_s + terms.reload_s,
+        ttft_s=terms.total,
+        budget=ticket.request.max_new_tokens or 0,
+        streamed=parsed.stream,
+    )
 
 
 def request_id(request: web.Request) -> str:
@@ -88,8 +103,7 @@ async def forward(
         if n > 0:
             gw.metrics.retries.labels(replica).inc()
             ticket = gw.router.retarget(ticket, replica)
-        prefill = max(0, round(ticket.prediction.uncached_tokens))
-        attempt = Attempt(gw, replica, prefill, parsed.route.value)
+        attempt = Attempt(gw, ticket, parsed)
         try:
             result = await _try(
                 request, gw, attempt, raw, headers, parsed, rid_header, last_chance=n == len(order) - 1
@@ -120,7 +134,9 @@ def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
 
 def _finish(gw: Gateway, ticket: Ticket, a: Attempt) -> None:
     u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
-    gw.router.finish(ticket, Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft))
+    decode = asyncio.get_running_loop().time() - a.t0 - a.ttft if a.ttft is not None else None
+    report = Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft, u.completion_tokens, decode)
+    gw.router.finish(ticket, report)
     if u.prompt_tokens is not None:
         gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
     if u.cached_tokens is not None:

@@ -62,9 +62,12 @@ class ReplicaState:
     healthy: bool = True
     draining: bool = False
     inflight_requests: int = 0
-    inflight_prefill_tokens: int = (
-        0  # estimated uncached prompt tokens routed there, first token not yet seen
-    )
+    inflight_prefill_tokens: int = 0  # predicted uncached prompt tokens routed there, no first token yet
+    inflight_prefill_s: float = 0.0  # predicted prefill work queued there, seconds (proxy/load.py)
+    decoding: tuple[tuple[float, int], ...] = ()  # (s decoded, output budget) per decoding request, only
+    # filled when the running slots are full (max_running_requests): when a slot frees is then a term
+    arrival_rate: float = 0.0  # requests routed there per second, recently
+    utilization: float = 0.0  # predicted prefill seconds routed there per second, recently
     gpu_tokens: int = 0  # device KV pool capacity (max_total_num_tokens)
     host_tokens: int = 0  # HiCache host pool capacity, 0 when HiCache is off
     storage_tokens: int = 0  # L3 storage capacity, 0 when there is none
@@ -159,6 +162,8 @@ class Report:
     prompt_tokens: int | None = None  # usage.prompt_tokens as the replica reported it
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, None when not reported
     ttft_s: float | None = None  # time to the first byte of the response body; None: none arrived
+    completion_tokens: int | None = None  # usage.completion_tokens
+    decode_s: float | None = None  # first byte to the end of a streamed answer
 
     @property
     def ran(self) -> bool:

@@ -190,11 +190,15 @@ async def test_load_is_tracked_and_released(stack: Stack) -> None:
     async with aiohttp.ClientSession() as s:
         task = asyncio.ensure_future(s.post(stack.url + "/v1/chat/completions", data=body, headers=JSON))
         await wait_for(lambda: sum(r.inflight_requests for r in fleet.replicas()) == 1)
-        assert sum(r.inflight_prefill for r in fleet.replicas()) > 0
+        states = fleet.snapshot(None)
+        assert sum(st.inflight_prefill_tokens for st in states) > 0
+        assert sum(st.inflight_prefill_s for st in states) > 0  # predicted prefill work, in seconds
         await wait_for(lambda: _outcomes(stack, ["pending"]))  # the replica holds it
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-    await wait_for(lambda: sum(r.inflight_requests + r.inflight_prefill for r in fleet.replicas()) == 0)
+    await wait_for(
+        lambda: sum(s.inflight_requests + s.inflight_prefill_tokens for s in fleet.snapshot(None)) == 0
+    )
     await wait_for(lambda: _outcomes(stack, ["cancelled"]))  # the gateway closed the upstream connection
 
 

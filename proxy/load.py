@@ -1,0 +1,138 @@
+"""Each replica's load, in work rather than request counts: what routing sees of the work in flight.
+
+Every routed request holds a ``Work`` on its replica from the send until its answer is over:
+
+- **queued**: sent, first byte not back. Its predicted own work (prefill of the uncached tokens plus
+  reloads, in seconds, from the request's ``Prediction``) is queued prefill work. The engine serves
+  prefills first come first served, so the head of the queue has been worked on since the later of its
+  send time and the replica's last first byte: that elapsed time (at most the head's own work) is not
+  waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part.
+- **decoding**: first byte back (streams), or, for an answer that is not streamed, once its predicted
+  TTFT has passed (the gateway sees no first token then). A decoding request holds a running slot and
+  no prefill: it never counts as prefill load. When a replica's requests fill its
+  ``max_running_requests``, routing needs how long until a slot frees: ``decoding`` lists, per decoding
+  request, the seconds it has decoded and its output budget (0 when unbounded), filled only then.
+- **released** at the end (or on failure): nothing is left behind, exactly once.
+
+Arrivals and work are also kept as exponentially decaying rates over ``window_s`` (requests per second
+and prefill seconds per second, the utilization of the replica's prefill): the placement rule prices the
+delay a new request imposes on those that will arrive behind it (``routing.placement``).
+
+All times are the event loop's clock (seconds); nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+DEFAULT_WINDOW_S = 10.0
+
+
+@dataclass(slots=True, eq=False)
+class Work:
+    """One request's share of a replica's load (identity matters, not value)."""
+
+    sent_s: float
+    prefill_tokens: int
+    work_s: float  # predicted own prefill + reload seconds
+    ttft_s: float  # predicted time to first token (queue included)
+    budget: int  # output budget in tokens, 0 = unbounded / unknown
+    streamed: bool = True
+    first_s: float | None = None
+
+
+@dataclass(slots=True)
+class DecayingRate:
+    """An event rate (events or amounts per second) that forgets with time constant ``window_s``."""
+
+    window_s: float = DEFAULT_WINDOW_S
+    value: float = 0.0
+    at_s: float = 0.0
+
+    def add(self, amount: float, now: float) -> None:
+        self.value = self.at(now) + amount / self.window_s
+        self.at_s = now
+
+    def at(self, now: float) -> float:
+        if now <= self.at_s:
+            return self.value
+        return self.value * math.exp((self.at_s - now) / self.window_s)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadView:
+    """What a snapshot reports of one replica's load at one instant."""
+
+    inflight_requests: int
+    inflight_prefill_tokens: int
+    inflight_prefill_s: float
+    decoding: tuple[tuple[float, int], ...]  # (seconds decoded, output budget), only when slots are full
+    arrival_rate: float
+    utilization: float
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    window_s: float = DEFAULT_WINDOW_S
+    queue: dict[Work, None] = field(default_factory=dict)  # send order
+    decoding: dict[Work, None] = field(default_factory=dict)
+    queued_tokens: int = 0
+    queued_work_s: float = 0.0
+    last_first_s: float = 0.0
+    arrivals: DecayingRate = field(default_factory=DecayingRate)
+    work: DecayingRate = field(default_factory=DecayingRate)
+
+    def __post_init__(self) -> None:
+        self.arrivals.window_s = self.work.window_s = self.window_s
+
+    def add(self, w: Work) -> None:
+        self.queue[w] = None
+        self.queued_tokens += w.prefill_tokens
+        self.queued_work_s += w.work_s
+        self.arrivals.add(1.0, w.sent_s)
+        self.work.add(w.work_s, w.sent_s)
+
+    def first_token(self, w: Work, now: float) -> None:
+        if w in self.queue:
+            self._dequeue(w)
+            w.first_s = now
+            self.last_first_s = max(self.last_first_s, now)
+            self.decoding[w] = None
+
+    def release(self, w: Work) -> None:
+        if w in self.queue:
+            self._dequeue(w)
+        self.decoding.pop(w, None)
+
+    def view(self, now: float, max_running: int) -> LoadView:
+        self._promote_unstreamed(now)
+        inflight = len(self.queue) + len(self.decoding)
+        full = max_running > 0 and inflight >= max_running
+        decoding = tuple((now - (w.first_s or now), w.budget) for w in self.decoding) if full else ()
+        return LoadView(
+            inflight,
+            max(0, self.queued_tokens),
+            self._queued_s(now),
+            decoding,
+            self.arrivals.at(now),
+            self.work.at(now),
+        )
+
+    def _queued_s(self, now: float) -> float:
+        head = next(iter(self.queue), None)
+        if head is None:
+            return 0.0
+        elapsed = min(head.work_s, max(0.0, now - max(head.sent_s, self.last_first_s)))
+        return max(0.0, self.queued_work_s - elapsed)
+
+    def _promote_unstreamed(self, now: float) -> None:
+        """An answer that is not streamed shows no first byte: past its predicted TTFT it is decoding."""
+        late = [w for w in self.queue if not w.streamed and now - w.sent_s >= w.ttft_s]
+        for w in late:
+            self.first_token(w, w.sent_s + w.ttft_s)
+
+    def _dequeue(self, w: Work) -> None:
+        del self.queue[w]
+        self.queued_tokens -= w.prefill_tokens
+        self.queued_work_s = max(0.0, self.queued_work_s - w.work_s) if self.queue else 0.0

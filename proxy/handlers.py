@@ -27,7 +27,6 @@ from proxy.openai import parse_request, passthrough_request
 from proxy.types import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-SESSION_HEADER = "x-session-id"
 MODELS_TIMEOUT_S = 5.0
 
 
@@ -48,7 +47,8 @@ def generation(route: Route) -> Handler:
         if request.transport is not None:
             tcp_nodelay(request.transport, True)
         raw = await read_body(request, gw.settings.max_body_bytes)
-        parsed = parse_request(route, raw, request.headers.get(SESSION_HEADER))
+        st = gw.settings
+        parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
         gw.check_model(parsed.model)
         ticket = gw.route(parsed)
         return await forward(request, gw, raw, parsed, ticket)
@@ -61,7 +61,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if request.transport is not None:
         tcp_nodelay(request.transport, True)
     raw = await read_body(request, gw.settings.max_body_bytes)
-    parsed = passthrough_request(raw, request.headers.get(SESSION_HEADER))
+    st = gw.settings
+    parsed = passthrough_request(raw, request.headers.get(st.session_header), st.session_field)
     gw.check_model(parsed.model)
     ticket = gw.route(parsed)
     return await forward(request, gw, raw, parsed, ticket)

@@ -9,10 +9,11 @@ untouched: the body bytes the client sent are the bytes the replica gets.
 
 What routing needs is built here, in one pass, as a typed ``routing.prompt.PromptRequest``: the prompt
 (chat messages with tools and template options, text, or token ids; a batch by its first prompt), the
-cache namespace (``cache_salt``, ``extra_key``, ``lora_path``), the session key and the engine's output
-budget: chat ``max_completion_tokens or max_tokens`` (0 means unset, as in SGLang), completions
-``max_tokens`` (SGLang's default 16), ``/generate`` ``sampling_params.max_new_tokens`` (default 128; 0 is
-a prefill-only request).
+cache namespace (``cache_salt``, ``extra_key``, ``lora_path``), the session key (a conversation key from
+a header or a configured body field; never ``user``) and the engine's output budget: chat
+``max_completion_tokens or max_tokens`` (0 means unset, as in SGLang), completions ``max_tokens``
+(SGLang's default 16), ``/generate`` ``sampling_params.max_new_tokens`` (default 128; 0 is a
+prefill-only request).
 """
 
 from __future__ import annotations
@@ -151,11 +152,25 @@ def _route_model(route: Route, body: JSONObject) -> str | None:
     return _str(body.get("model"))
 
 
-def parse_request(route: Route, raw: bytes, session: str | None = None) -> ParsedRequest:
+def session_key(body: JSONObject, field: str | None) -> str | None:
+    """The body's conversation key at the dotted path ``field`` (e.g. ``metadata.session_id``), when it is
+    a non-empty string or an integer. OpenAI's ``user`` names the end user, not a conversation: many
+    users ask about one document, and one user holds many conversations, so it is never used."""
+    value: object = body
+    for part in field.split(".") if field else ():
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _str(value) if field else None
+
+
+def parse_request(
+    route: Route, raw: bytes, session: str | None = None, session_field: str | None = None
+) -> ParsedRequest:
     """Validates a generation body and builds what routing needs; raises InvalidRequest naming the param.
 
-    ``session`` is the conversation key from the request headers, when there is one; the body's ``user``
-    field stands in for it otherwise."""
+    ``session`` is the conversation key from the request headers, when there is one; else the body
+    field ``session_field`` names (``session_key``)."""
     body = parse_json(raw)
     model = _route_model(route, body)
     prompt = _prompt(route, body)
@@ -163,17 +178,19 @@ def parse_request(route: Route, raw: bytes, session: str | None = None) -> Parse
     n = _opt(body, "n", int, "an integer")
     if n is not None and n < 1:
         raise InvalidRequest("'n' must be at least 1", param="n")
-    session = session or _str(body.get("user"))
+    session = session or session_key(body, session_field)
     request = PromptRequest(
         model or "", prompt, _namespace(body), session, _max_new_tokens(body, route), len(raw)
     )
     return ParsedRequest(route, model, stream, _str(body.get("rid")), request)
 
 
-def passthrough_request(raw: bytes, session: str | None = None) -> ParsedRequest:
+def passthrough_request(
+    raw: bytes, session: str | None = None, session_field: str | None = None
+) -> ParsedRequest:
     """Any other /v1/* request: routed by size, and by its ``model`` when the body names one."""
     try:
-        return parse_request(Route.PASSTHROUGH, raw, session)
+        return parse_request(Route.PASSTHROUGH, raw, session, session_field)
     except InvalidRequest:
         return ParsedRequest(
             Route.PASSTHROUGH, None, False, None, PromptRequest("", None, size_bytes=len(raw))

@@ -47,6 +47,8 @@ class Settings:
     no_request_id_headers: bool = False
     log_level: str = "info"
     seed: int = 0
+    session_header: str = "x-session-id"  # the conversation key that makes a session sticky
+    session_field: str | None = None  # or a body field holding it (a dotted path: metadata.session_id)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -142,6 +144,8 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "no_request_id_headers": _bool,
     "log_level": _choice(LOG_LEVELS),
     "seed": _int(0, (1 << 63) - 1),
+    "session_header": _str,
+    "session_field": _str,
 }
 
 
@@ -161,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-request-id-headers", action="store_const", const=True)
     p.add_argument("--log-level")
     p.add_argument("--seed")
+    p.add_argument("--session-header", help="request header with the conversation key (x-session-id)")
+    p.add_argument("--session-field", help="body field with the conversation key, e.g. metadata.session_id")
     return p
 
 

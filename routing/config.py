@@ -37,14 +37,18 @@ class RoutingConfig:
         2.0  # a session yields when its replica's queue > this x the fleet's best
     )
 
-    # learned service time (slot-wait term of the cost policy) when outcomes carry no end-to-end time
-    decode_s_per_token: float = 0.0073  # seconds per generated token at batch 1 (~137 tok/s)
-    default_new_tokens: int = 64  # assumed output length when the request sets no max tokens
+    # decode speed (slot-wait term: when a replica's running slots are full, a new request waits for the
+    # first decoding request to finish); learned per replica from streamed answers
+    decode_s_per_token: float = 0.0073  # starting point: seconds per generated token at batch 1 (~137 tok/s)
+    default_new_tokens: int = 256  # assumed output length when the request sets no max tokens
 
-    # hot-spot guard of the cost policy: a replica whose in-flight requests would exceed this multiple of
-    # the fleet mean (and hot_min_inflight) sheds the request to the best other replica (0 disables)
-    hot_spill_factor: float = 1.3
-    hot_min_inflight: int = 8
+    # placement (routing.placement): the delay a request imposes on the ones arriving behind it on a
+    # replica grows like 1 / (1 - utilization); utilization is capped here
+    max_utilization: float = 0.95
+
+    # new sessions avoid replicas holding more than this multiple of the fewest sessions any replica
+    # holds, + 1 (0 disables)
+    session_spread_factor: float = 1.3
 
     # session affinity (routing.session): sessions remembered, least recently used forgotten first
     max_sessions: int = 100_000

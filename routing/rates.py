@@ -16,8 +16,10 @@ the predicted GPU run, ``r = clamp(cached - gpu_pred, 0, host_pred + storage_pre
   of the configured start.
 
 Each replica's estimates are shrunk toward the fleet's pooled ones until it has served enough requests
-(``RateBook``). The mean service time (for the slot-wait term) is an EWMA of ttft + expected decode
-time. Tokens per byte are learned elsewhere, once (``routing.tokens``).
+(``RateBook``). Decode speed (seconds per generated token, for the slot-wait term) is learned from
+streamed answers: ``decode_s / completion_tokens`` (time from the first byte to the end over the tokens
+generated; answers of fewer than ``MIN_DECODE_TOKENS`` are skipped). Tokens per byte are learned
+elsewhere, once (``routing.tokens``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from routing.types import Prediction, ReplicaId, Report, RoutingRequest
 
 ALPHA = 0.2
 MIN_SAMPLE_TOKENS = 256
+MIN_DECODE_TOKENS = 8
 PRIOR_SAMPLES = 20  # weight of the fleet's pooled estimate in a replica's, in samples
 LOW, HIGH = 0.2, 5.0  # bounds relative to the configured start
 
@@ -41,7 +44,7 @@ class ReplicaRates:
     host_tokens_per_s: float
     storage_tokens_per_s: float
     overhead_s: float
-    service_s: float
+    decode_s_per_token: float
     samples: int = 0
 
 
@@ -59,9 +62,9 @@ class RateBook:
     them with weight ``n / (n + PRIOR_SAMPLES)`` on the replica's own (n = its samples; rates are
     blended as seconds per token): a replica that has served little looks like the fleet, so one that
     happened to be sampled first does not look faster than its unsampled twins and attract every miss.
-    The fixed overhead and the service time are the fleet's pooled values for every replica: their
-    per-replica differences are mostly noise, and noise of a few milliseconds would otherwise decide
-    every near-tie between idle replicas in favour of whichever looked fastest.
+    The fixed overhead is the fleet's pooled value for every replica: its per-replica differences are
+    mostly noise, and noise of a few milliseconds would otherwise decide every near-tie between idle
+    replicas in favour of whichever looked fastest.
     """
 
     def __init__(self, cfg: RoutingConfig) -> None:
@@ -72,13 +75,12 @@ class RateBook:
 
     def _start(self) -> ReplicaRates:
         cfg = self._cfg
-        service = cfg.overhead_s + cfg.default_new_tokens * cfg.decode_s_per_token
         return ReplicaRates(
             cfg.prefill_tokens_per_s,
             cfg.host_load_tokens_per_s,
             cfg.storage_load_tokens_per_s,
             cfg.overhead_s,
-            service,
+            cfg.decode_s_per_token,
         )
 
     @property
@@ -111,7 +113,7 @@ class RateBook:
             rate(own.host_tokens_per_s, fleet.host_tokens_per_s),
             rate(own.storage_tokens_per_s, fleet.storage_tokens_per_s),
             fleet.overhead_s,
-            fleet.service_s,
+            w * own.decode_s_per_token + (1.0 - w) * fleet.decode_s_per_token,
             own.samples,
         )
 
@@ -127,16 +129,16 @@ class RateBook:
         if own is None:
             own = self._own[pred.replica] = self._start()
         for rates in (own, self._fleet):
-            self._learn_service(rates, req, report.ttft_s)
+            self._learn_decode(rates, report)
             self._learn_rates(rates, req, pred, report)
         self._views.clear()
 
-    def _learn_service(self, rates: ReplicaRates, req: RoutingRequest, ttft_s: float) -> None:
-        cfg = self._cfg
-        new_tokens = req.max_new_tokens or cfg.default_new_tokens
-        sample = ttft_s + new_tokens * cfg.decode_s_per_token
-        start = cfg.overhead_s + cfg.default_new_tokens * cfg.decode_s_per_token
-        rates.service_s = robust_update(rates.service_s, sample, start)
+    def _learn_decode(self, rates: ReplicaRates, report: Report) -> None:
+        tokens, seconds = report.completion_tokens, report.decode_s
+        if tokens is None or seconds is None or tokens < MIN_DECODE_TOKENS or seconds <= 0:
+            return
+        start = self._cfg.decode_s_per_token
+        rates.decode_s_per_token = robust_update(rates.decode_s_per_token, seconds / tokens, start)
 
     def _learn_rates(
         self, rates: ReplicaRates, req: RoutingRequest, pred: Prediction, report: Report

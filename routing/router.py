@@ -176,7 +176,7 @@ class Router:
     ) -> Ticket:
         replica = decision.replica
         cand = next((c for c in cands if c.state.id == replica), None) or Candidate(ReplicaState(replica))
-        terms = terms or predict_ttft(rreq, cand, self.rates.get(replica))
+        terms = terms or predict_ttft(rreq, cand, self.rates.get(replica), self.cfg.default_new_tokens)
         self.policy.chose(rreq, replica)
         recorded = self.cache.record(rreq, replica)
         self._serial += 1

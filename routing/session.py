@@ -1,8 +1,8 @@
 """Session affinity that yields under overload.
 
-A session (``x-session-id`` header, else the ``user`` field: ``RoutingRequest.session_key``) sticks to
-the replica that served its last turn, because that replica holds its history. A *new* session avoids
-replicas that already hold more than ``hot_spill_factor`` x the mean number of sessions (+1): sessions
+A session (an explicit conversation key, ``RoutingRequest.session_key``) sticks to the replica that
+served its last turn, because that replica holds its history. A *new* session avoids replicas that
+already hold more than ``session_spread_factor`` x the fewest sessions any replica holds (+1): sessions
 are long-lived and grow, so placing them by their first turn's cost alone would put every session
 that shares a system prompt on the first replica that cached it. The cost policy keeps
 the session there unless that replica's predicted TTFT exceeds the best candidate's by more than

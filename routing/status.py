@@ -33,7 +33,7 @@ class RatesView:
     host_tokens_per_s: float
     storage_tokens_per_s: float
     overhead_s: float
-    service_s: float
+    decode_s_per_token: float
     samples: int
 
 
@@ -75,7 +75,7 @@ def router_status(router: Router, open_tickets: int) -> RouterStatus:
             r.host_tokens_per_s,
             r.storage_tokens_per_s,
             r.overhead_s,
-            r.service_s,
+            r.decode_s_per_token,
             r.samples,
         )
         replicas[rid] = ReplicaView(gpu, host, storage, rates, accuracy.get(rid))

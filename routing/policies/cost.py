@@ -1,24 +1,25 @@
-"""The default policy ("cost"): send each request where its predicted time to first token is lowest.
+"""The default policy ("cost"): place each request where it costs the fleet the least time.
 
 The composition (``routing.protocols``), each exit naming a Reason:
 
 1. Filter: healthy, not draining replicas (``HealthyFilter``).
-2. Score: predicted TTFT = queue + prefill of the uncached tokens + host/storage reload + overhead
-   (``routing.ttft.TtftScorer``), with per-replica rates learned online (``routing.rates``). A shared
-   prefix that is cached everywhere costs the same everywhere, so it does not attract traffic; a long
-   document cached on one replica makes that replica cheaper by its whole prefill time; a document
-   evicted to host memory is a cheap reload there and a cold prefill elsewhere.
+2. Score (``routing.placement.PlacementScorer``): predicted TTFT there (queue of prefill work and
+   running-slot wait + prefill of the uncached tokens + host/storage reload + overhead, rates learned
+   online, ``routing.ttft``) plus the delay the request's own work imposes on the requests that will
+   arrive behind it there, ``x · λ · (W + x) / (1 - ρ)``. A shared prefix cached everywhere costs the same
+   everywhere and does not attract traffic; a document cached on one replica is a cheap hit there and a
+   costly copy elsewhere, which a busy fleet pays for many times; it is copied when its holder nears
+   saturation.
 3. Pick (``LoadTiePicker``): lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie
    and go to the fewest prefill tokens in flight, then to the least recently chosen, then to a seeded
    draw, so misses spread evenly over idle replicas.
-4. Session affinity (``SessionPicker``): a session returns to the replica of its previous turn unless
-   that replica's predicted TTFT exceeds the best by ``session_overload_factor`` (Reason SESSION when it
-   changed the pick). A new session avoids replicas holding more than ``hot_spill_factor`` x the fewest
-   sessions any replica holds + 1 (Reason FALLBACK when that moved it), so a shared system prompt does not
-   gather every session on its first holders and no replica is left without sessions.
-5. Hot-spot guard (``HotSpotGuard``): if the chosen replica would hold more than ``hot_spill_factor`` x
-   the fleet's mean in-flight requests (and at least ``hot_min_inflight``), the best replica below that
-   bound takes the request instead (Reason FALLBACK).
+4. Session affinity (``SessionPicker``): a session (an explicit conversation key: ``x-session-id``, or
+   the header or body field the config names; never OpenAI's ``user``, which names the end user)
+   returns to the replica of its previous turn unless that replica's cost exceeds the best by
+   ``session_overload_factor`` (Reason SESSION when it changed the pick). A new session avoids replicas
+   holding more than ``session_spread_factor`` x the fewest sessions any replica holds + 1 (Reason
+   FALLBACK when that moved it): sessions are long-lived and grow, so a shared system prompt must not
+   gather every session on its first holders.
 
 Reasons otherwise (``explain``): PREFIX_GPU / PREFIX_HOST / PREFIX_STORAGE when the chosen replica's
 match is at least one block and mostly in that tier, LEAST_COST when it has none, FALLBACK when a tie was
@@ -32,10 +33,10 @@ from collections.abc import Sequence
 
 from routing.config import RoutingConfig
 from routing.pipeline import HealthyFilter, Pipeline, near_ties
+from routing.placement import PlacementScorer
 from routing.protocols import Pick, Picker, Scored, Stage
 from routing.rates import RateBook
 from routing.session import SessionTable, should_stick
-from routing.ttft import TtftScorer
 from routing.types import Reason, ReplicaId, RoutingRequest
 
 
@@ -102,7 +103,7 @@ class SessionPicker(Wrapper):
             if should_stick(costs, sticky, self._cfg.session_overload_factor):
                 return Pick(next(s for s in scored if s.id == sticky), Reason.SESSION)
         elif sticky is None and key:
-            crowded = self.sessions.crowded([s.id for s in scored], self._cfg.hot_spill_factor)
+            crowded = self.sessions.crowded([s.id for s in scored], self._cfg.session_spread_factor)
             if pick.chosen.id in crowded:
                 roomy = [s for s in scored if s.id not in crowded]
                 return Pick(self.inner.pick(req, roomy).chosen, Reason.FALLBACK)
@@ -115,30 +116,6 @@ class SessionPicker(Wrapper):
     def forget(self, replica: ReplicaId) -> None:
         self.sessions.forget_replica(replica)
         super().forget(replica)
-
-
-class HotSpotGuard(Wrapper):
-    """Sheds a request from a replica that would hold too many in flight (step 5)."""
-
-    def __init__(self, inner: Picker, cfg: RoutingConfig) -> None:
-        super().__init__(inner)
-        self._cfg = cfg
-
-    def pick(self, req: RoutingRequest, scored: Sequence[Scored]) -> Pick:
-        pick = self.inner.pick(req, scored)
-        if self._hot(pick.chosen, scored):
-            cool = [s for s in scored if not self._hot(s, scored)]
-            if cool:
-                return Pick(min(cool, key=lambda s: s.cost), Reason.FALLBACK)
-        return pick
-
-    def _hot(self, s: Scored, scored: Sequence[Scored]) -> bool:
-        cfg = self._cfg
-        after = s.cand.state.inflight_requests + 1
-        if cfg.hot_spill_factor <= 0 or len(scored) < 2 or after <= cfg.hot_min_inflight:
-            return False
-        mean_after = (sum(x.cand.state.inflight_requests for x in scored) + 1) / len(scored)
-        return after > cfg.hot_spill_factor * mean_after
 
 
 def explain(req: RoutingRequest, chosen: Scored, scored: Sequence[Scored]) -> Reason:
@@ -160,5 +137,6 @@ def explain(req: RoutingRequest, chosen: Scored, scored: Sequence[Scored]) -> Re
 
 def cost(cfg: RoutingConfig, rates: RateBook) -> Pipeline:
     ties = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tie_abs_s)
-    picker = HotSpotGuard(SessionPicker(ties, SessionTable(cfg.max_sessions), cfg), cfg)
-    return Pipeline("cost", [HealthyFilter()], TtftScorer(rates), picker, explain)
+    picker = SessionPicker(ties, SessionTable(cfg.max_sessions), cfg)
+    scorer = PlacementScorer(rates, cfg.default_new_tokens, cfg.max_utilization)
+    return Pipeline("cost", [HealthyFilter()], scorer, picker, explain)

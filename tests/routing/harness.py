@@ -39,7 +39,8 @@ class PolicyHarness:
         choice = self.policy.decide(req, cands)
         d, chosen = choice.decision, choice.chosen
         self.policy.chose(req, d.replica)
-        terms = chosen.terms or predict_ttft(req, chosen.cand, self.rates.get(d.replica))
+        rates = self.rates.get(d.replica)
+        terms = chosen.terms or predict_ttft(req, chosen.cand, rates, self.cfg.default_new_tokens)
         return Routed(d.replica, d.reason, d.cost, d.ranked, chosen.cand.match, terms)
 
     def observe(self, req: RoutingRequest, routed: Routed, report: Report) -> None:

@@ -1,4 +1,4 @@
-"""Table tests of the default cost policy: every Reason, spreading, spilling, tiers and sessions."""
+"""Table tests of the default cost policy: the placement rule's terms, every Reason, sessions, ties."""
 
 from __future__ import annotations
 
@@ -9,18 +9,19 @@ import pytest
 from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
 from routing.pipeline import NoCandidates
+from routing.placement import imposed_delay_s
 from routing.policies.cost import LoadTiePicker, SessionPicker
 from routing.protocols import Scored
+from routing.ttft import slot_wait_s
 from routing.types import NO_MATCH, Candidate, PrefixMatch, Reason, ReplicaState, Report, RoutingRequest
 from tests.routing.harness import PolicyHarness
 
-
-def CostPolicy(cfg: RoutingConfig) -> PolicyHarness:
-    return PolicyHarness("cost", cfg)
-
-
 CFG = RoutingConfig(prefill_tokens_per_s=4000.0, host_load_tokens_per_s=130_000.0, overhead_s=0.05)
 IDS = ("r0", "r1", "r2", "r3")
+
+
+def CostPolicy(cfg: RoutingConfig = CFG) -> PolicyHarness:
+    return PolicyHarness("cost", cfg)
 
 
 def req(tokens: int = 1000, session: str | None = None, blocks: tuple[int, ...] = (1,)) -> RoutingRequest:
@@ -35,9 +36,13 @@ def cand(
     gpu: float = 0,
     host: float = 0,
     storage: float = 0,
+    queued_s: float = 0.0,
     prefill: int = 0,
     running: int = 0,
     max_running: int = 0,
+    decoding: tuple[tuple[float, int], ...] = (),
+    rate: float = 0.0,
+    util: float = 0.0,
     healthy: bool = True,
 ) -> Candidate:
     state = ReplicaState(
@@ -45,16 +50,102 @@ def cand(
         healthy=healthy,
         inflight_requests=running,
         inflight_prefill_tokens=prefill,
+        inflight_prefill_s=queued_s,
+        decoding=decoding,
         max_running_requests=max_running,
+        arrival_rate=rate,
+        utilization=util,
     )
     return Candidate(state, PrefixMatch(gpu, host, storage))
 
 
+# ---- the placement rule -----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("x", "wait", "rate", "util", "expected"),
+    [
+        (1.5, 0.5, 2.0, 0.5, 1.5 * 2.0 * 2.0 / 0.5),  # x λ (W + x) / (1 - ρ)
+        (1.5, 0.5, 0.0, 0.5, 0.0),  # nobody arrives behind it: no delay imposed
+        (0.0, 9.0, 5.0, 0.9, 0.0),  # no own work (a full GPU hit): nothing imposed
+        (1.0, 0.0, 1.0, 2.0, 1.0 * 1.0 * 1.0 / (1 - 0.95)),  # utilization capped at 0.95
+    ],
+)
+def test_imposed_delay_formula(x: float, wait: float, rate: float, util: float, expected: float) -> None:
+    assert imposed_delay_s(x, wait, rate, util, cap=0.95) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("holder_queue_s", "winner", "reason"),
+    [
+        # a hit queued behind one short prefill stays on the document's holder
+        (0.5, "r0", Reason.PREFIX_GPU),
+        # ...and behind a busy but not saturated queue too: a copy elsewhere would delay everyone there
+        (3.0, "r0", Reason.PREFIX_GPU),
+        # behind many cold prefills (the holder near saturation) it moves: the copy is worth its price
+        (40.0, "r1", Reason.LEAST_COST),
+    ],
+)
+def test_a_hit_stays_behind_a_short_queue_and_moves_behind_a_long_one(
+    holder_queue_s: float, winner: str, reason: Reason
+) -> None:
+    busy = 0.5 + 0.4 * min(holder_queue_s / 40.0, 1.0)
+    holder = cand("r0", gpu=6000, queued_s=holder_queue_s, running=4, rate=2.0, util=busy)
+    other = cand("r1", queued_s=0.3, running=2, rate=1.5, util=0.5)
+    d = CostPolicy().route(req(6100), [holder, other])
+    assert (d.replica, d.reason) == (winner, reason)
+
+
+def test_greedy_would_replicate_where_the_placement_rule_keeps_the_hit() -> None:
+    """The holder's queue (2 s) is longer than a cold prefill elsewhere (1.5 s): the request's own TTFT
+    is lower on the idle replica, but that replica is busy enough that a 1.5 s copy delays ~4 requests."""
+    holder = cand("r0", gpu=6000, queued_s=2.0, running=3, rate=1.5, util=0.6)
+    other = cand("r1", queued_s=0.0, running=1, rate=1.5, util=0.6)
+    d = CostPolicy().route(req(6100), [holder, other])
+    assert d.replica == "r0"
+    assert d.terms.total > 0.05 + 6100 / 4000.0  # greedy would have chosen r1 (ttft 1.58 s there)
+
+
+def test_decoding_requests_do_not_count_as_prefill_load() -> None:
+    """r0 holds the document and runs 20 decoding requests (no prefill queued, free slots): its hits
+    stay there. Only when its running slots are full does the wait for a slot count."""
+    decoding = cand("r0", gpu=6000, running=20, max_running=32, rate=3.0, util=0.2)
+    idle = cand("r1", rate=0.5, util=0.1)
+    d = CostPolicy().route(req(6100), [decoding, idle])
+    assert (d.replica, d.reason, d.terms.queue_s) == ("r0", Reason.PREFIX_GPU, 0.0)
+    long_decodes = tuple((1.0, 4000) for _ in range(32))  # 32 slots busy for ~28 s more
+    full = cand("r0", gpu=6000, running=32, max_running=32, decoding=long_decodes, rate=3.0, util=0.2)
+    d = CostPolicy().route(req(6100), [full, idle])
+    assert d.replica == "r1"
+
+
+@pytest.mark.parametrize(
+    ("decoding", "inflight", "expected"),
+    [
+        (((1.0, 100), (0.5, 200)), 1, 0.0),  # a free slot
+        (((0.5, 100), (0.5, 200)), 2, 100 * 0.01 - 0.5),  # full: the first to finish frees one
+        (((0.2, 100), (0.5, 200)), 3, 200 * 0.01 - 0.5),  # one request already waits: the second
+        (((9.0, 100),), 2, 0.1 * 100 * 0.01),  # past its estimate: a tenth of it
+        ((), 2, 64 * 0.01),  # nothing known: one default output
+    ],
+)
+def test_slot_wait_from_the_decoding_requests(
+    decoding: tuple[tuple[float, int], ...], inflight: int, expected: float
+) -> None:
+    state = ReplicaState("r", inflight_requests=inflight, max_running_requests=2, decoding=decoding)
+    assert slot_wait_s(state, 0.01, 64) == pytest.approx(expected)
+
+
+# ---- reasons and tiers ------------------------------------------------------------------------------
 def test_misses_spread_over_idle_replicas_whatever_the_list_order() -> None:
-    policy = CostPolicy(CFG)
+    policy = CostPolicy()
     counts = Counter(policy.route(req(), [cand(r) for r in IDS]).replica for _ in range(400))
     assert set(counts) == set(IDS) and min(counts.values()) > 60
     assert policy.route(req(), [cand(r) for r in IDS]).reason is Reason.LEAST_COST
+
+
+def test_misses_go_where_they_delay_the_fewest_requests() -> None:
+    """No replica holds anything; r1 has the shortest queue but the most traffic arriving."""
+    cands = [cand("r0", queued_s=0.4, rate=0.2, util=0.1), cand("r1", queued_s=0.2, rate=3.0, util=0.8)]
+    assert CostPolicy().route(req(6000), cands).replica == "r0"
 
 
 @pytest.mark.parametrize(
@@ -66,7 +157,7 @@ def test_misses_spread_over_idle_replicas_whatever_the_list_order() -> None:
     ],
 )
 def test_a_cached_document_wins_from_any_tier_over_a_cold_prefill(holder: Candidate, reason: Reason) -> None:
-    d = CostPolicy(CFG).route(req(40_000), [cand("r0"), holder, cand("r2")])
+    d = CostPolicy().route(req(40_000), [cand("r0"), holder, cand("r2")])
     assert (d.replica, d.reason) == ("r1", reason)
     assert d.match == holder.match
     assert d.terms.prefill_s == pytest.approx((40_000 - holder.match.total_tokens) / 4000.0)
@@ -74,66 +165,21 @@ def test_a_cached_document_wins_from_any_tier_over_a_cold_prefill(holder: Candid
 
 
 def test_host_reload_beats_a_cold_prefill_but_not_a_gpu_hit() -> None:
-    d = CostPolicy(CFG).route(req(40_000), [cand("r0", host=39_000), cand("r1", gpu=39_000), cand("r2")])
+    d = CostPolicy().route(req(40_000), [cand("r0", host=39_000), cand("r1", gpu=39_000), cand("r2")])
     assert d.replica == "r1"
-    d = CostPolicy(CFG).route(req(40_000), [cand("r0", host=39_000), cand("r2")])
+    d = CostPolicy().route(req(40_000), [cand("r0", host=39_000), cand("r2")])
     assert (d.replica, d.reason) == ("r0", Reason.PREFIX_HOST)
     assert d.terms.reload_s == pytest.approx(39_000 / 130_000.0)
 
 
-def test_a_hot_prefix_spills_when_its_holder_queue_grows() -> None:
-    quiet = CostPolicy(CFG).route(req(8200), [cand("r0", gpu=8000, prefill=1000), cand("r1")])
-    assert (quiet.replica, quiet.reason) == ("r0", Reason.PREFIX_GPU)
-    busy = CostPolicy(CFG).route(req(8200), [cand("r0", gpu=8000, prefill=40_000), cand("r1")])
-    assert (busy.replica, busy.reason) == ("r1", Reason.LEAST_COST)
-    assert busy.terms.queue_s == 0.0
-
-
-def test_a_holder_busy_with_one_cold_prefill_still_beats_an_idle_cold_replica() -> None:
-    # the request in flight at r0 is on average half done: waiting ~1500 tokens beats computing 3000
-    d = CostPolicy(CFG).route(req(3100), [cand("r0", gpu=3000, prefill=3000, running=1), cand("r1")])
-    assert (d.replica, d.reason) == ("r0", Reason.PREFIX_GPU)
-    assert d.terms.queue_s == pytest.approx(1500 / 4000.0)
-
-
-def test_the_hot_spot_guard_moves_requests_off_a_replica_far_above_the_mean() -> None:
-    cands = [cand("r0", gpu=8000, running=9), cand("r1", running=1), cand("r2", running=2)]
-    d = CostPolicy(CFG).route(req(8200), cands)
-    assert (d.replica, d.reason) == ("r1", Reason.FALLBACK)
-    off = CostPolicy(RoutingConfig(hot_spill_factor=0)).route(req(8200), cands)
-    assert off.replica == "r0"
-
-
-def test_slot_wait_counts_requests_beyond_max_running() -> None:
-    cfg = RoutingConfig(hot_spill_factor=0)
-    free = CostPolicy(cfg).route(req(2000), [cand("r0", gpu=1000, running=3, max_running=4), cand("r1")])
-    full = CostPolicy(cfg).route(req(2000), [cand("r0", gpu=1000, running=12, max_running=4), cand("r1")])
-    assert free.replica == "r0" and full.replica == "r1"
-
-
 def test_a_tie_broken_away_from_the_longer_prefix_is_a_fallback() -> None:
     # r0 holds one block and is marginally cheaper, but busier: within the tie tolerance load decides
-    d = CostPolicy(CFG).route(req(10_000), [cand("r0", gpu=16, running=1), cand("r1")])
+    d = CostPolicy().route(req(10_000), [cand("r0", gpu=16, prefill=100), cand("r1")])
     assert (d.replica, d.reason) == ("r1", Reason.FALLBACK)
-
-
-def test_session_sticks_while_its_replica_is_not_overloaded_and_yields_when_it_is() -> None:
-    policy = CostPolicy(CFG)
-    first = policy.route(req(session="s"), [cand(r) for r in IDS])
-    home = first.replica
-    others = [r for r in IDS if r != home]
-    # the natural pick would be elsewhere (the home replica has a little queue), affinity keeps it home
-    again = policy.route(req(session="s"), [cand(home, prefill=1000), *(cand(r) for r in others)])
-    assert (again.replica, again.reason) == (home, Reason.SESSION)
-    # overloaded: predicted TTFT far above 2x the best, the session moves and follows the new replica
-    moved = policy.route(req(session="s"), [cand(home, prefill=40_000), *(cand(r) for r in others)])
-    assert moved.replica != home and moved.reason is Reason.LEAST_COST
-    back = policy.route(req(session="s"), [cand(home), *(cand(r, prefill=10) for r in others)])
-    assert back.replica == moved.replica and back.reason is Reason.SESSION
 
 
 def test_unhealthy_and_draining_replicas_are_never_chosen() -> None:
-    policy = CostPolicy(CFG)
+    policy = CostPolicy()
     drain = Candidate(ReplicaState(id="r2", draining=True), PrefixMatch(gpu_tokens=900))
     d = policy.route(req(), [cand("r0", gpu=900, healthy=False), cand("r1"), drain])
     assert d.replica == "r1" and d.ranked == ("r1",)
@@ -142,7 +188,7 @@ def test_unhealthy_and_draining_replicas_are_never_chosen() -> None:
 
 
 def test_observed_slow_prefill_raises_the_predicted_cost() -> None:
-    policy = CostPolicy(CFG)
+    policy = CostPolicy()
     before = policy.route(req(4000), [cand("r0")])
     for _ in range(30):
         d = policy.route(req(4000), [cand("r0")])
@@ -151,15 +197,24 @@ def test_observed_slow_prefill_raises_the_predicted_cost() -> None:
     assert after.cost > 1.8 * before.cost
 
 
+def test_decode_speed_is_learned_from_streamed_answers() -> None:
+    policy = CostPolicy()
+    for _ in range(40):
+        d = policy.route(req(4000), [cand("r0")])
+        report = Report(ok=True, prompt_tokens=4000, ttft_s=1.0, completion_tokens=200, decode_s=4.0)
+        policy.observe(req(4000), d, report)
+    assert policy.rates.get("r0").decode_s_per_token == pytest.approx(0.02, rel=0.05)
+
+
 def test_a_shared_system_prompt_does_not_pile_onto_one_replica() -> None:
-    """Closed loop with the cache model, hot-spot guard off (the cost model alone must spread): 2K shared
-    tokens + a unique 400-token tail per request, six requests prefilling at a time."""
-    cfg = RoutingConfig(block_chars=64, chars_per_token=4.0, hot_spill_factor=0)
+    """Closed loop with the cache model: 2K shared tokens + a unique 400-token tail per request, six
+    requests prefilling at a time, load fed back in seconds and arrivals."""
+    cfg = RoutingConfig(block_chars=64, chars_per_token=4.0)
     model, policy = CacheModel(cfg, 16.0), CostPolicy(cfg)
     states = {
         r: ReplicaState(id=r, gpu_tokens=200_000, host_tokens=400_000, write_policy="write_back") for r in IDS
     }
-    inflight: list[tuple[str, int]] = []
+    inflight: list[tuple[str, float]] = []
     counts: Counter[str] = Counter()
     for i in range(120):
         tail = tuple(range(10_000 * (i + 1), 10_000 * (i + 1) + 25))
@@ -172,16 +227,16 @@ def test_a_shared_system_prompt_does_not_pile_onto_one_replica() -> None:
         d = policy.route(r, [Candidate(s, matches.get(s.id, NO_MATCH)) for s in snapshot])
         model.record(r, d.replica)
         counts[d.replica] += 1
-        uncached = int(r.prompt_tokens - d.match.total_tokens)
-        inflight.append((d.replica, uncached))
-        _load(states, d.replica, uncached, +1)
+        work = d.terms.prefill_s + d.terms.reload_s
+        inflight.append((d.replica, work))
+        _load(states, d.replica, work, +1)
         if len(inflight) > 6:  # requests finish their prefill in arrival order
             _load(states, *inflight.pop(0), -1)
     assert set(counts) == set(IDS)
     assert max(counts.values()) / (120 / 4) <= 1.3
 
 
-def _load(states: dict[str, ReplicaState], rid: str, tokens: int, sign: int) -> None:
+def _load(states: dict[str, ReplicaState], rid: str, work: float, sign: int) -> None:
     s = states[rid]
     states[rid] = ReplicaState(
         id=rid,
@@ -189,12 +244,30 @@ def _load(states: dict[str, ReplicaState], rid: str, tokens: int, sign: int) -> 
         host_tokens=s.host_tokens,
         write_policy=s.write_policy,
         inflight_requests=s.inflight_requests + sign,
-        inflight_prefill_tokens=s.inflight_prefill_tokens + sign * tokens,
+        inflight_prefill_s=max(0.0, s.inflight_prefill_s + sign * work),
+        arrival_rate=s.arrival_rate + (0.1 if sign > 0 else 0.0),
+        utilization=min(0.9, s.utilization + (0.02 if sign > 0 else 0.0)),
     )
 
 
+# ---- sessions and ties ------------------------------------------------------------------------------
+def test_session_sticks_while_its_replica_is_not_overloaded_and_yields_when_it_is() -> None:
+    policy = CostPolicy()
+    first = policy.route(req(session="s"), [cand(r) for r in IDS])
+    home = first.replica
+    others = [r for r in IDS if r != home]
+    # the natural pick would be elsewhere (the home replica has a little queue), affinity keeps it home
+    again = policy.route(req(session="s"), [cand(home, queued_s=0.1), *(cand(r) for r in others)])
+    assert (again.replica, again.reason) == (home, Reason.SESSION)
+    # overloaded: its cost far above 2x the best, the session moves and follows the new replica
+    moved = policy.route(req(session="s"), [cand(home, queued_s=10.0), *(cand(r) for r in others)])
+    assert moved.replica != home and moved.reason is Reason.LEAST_COST
+    back = policy.route(req(session="s"), [cand(home), *(cand(r, queued_s=0.01) for r in others)])
+    assert back.replica == moved.replica and back.reason is Reason.SESSION
+
+
 def test_forgetting_a_replica_drops_its_sessions_and_rates() -> None:
-    policy = CostPolicy(CFG)
+    policy = CostPolicy()
     d = policy.route(req(session="s"), [cand("r0"), cand("r1")])
     policy.observe(req(), d, Report(ok=True, prompt_tokens=1000, cached_tokens=0, ttft_s=5.0))
     sessions = _sessions(policy)
@@ -204,10 +277,9 @@ def test_forgetting_a_replica_drops_its_sessions_and_rates() -> None:
 
 
 def _sessions(policy: PolicyHarness) -> SessionPicker:
-    inner = policy.policy.picker
-    while not isinstance(inner, SessionPicker):
-        inner = inner.inner  # type: ignore[attr-defined]
-    return inner
+    picker = policy.policy.picker
+    assert isinstance(picker, SessionPicker)
+    return picker
 
 
 def _pick(picker: LoadTiePicker, scored: list[tuple[Candidate, float]]) -> Candidate:
@@ -230,7 +302,7 @@ def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seed
 
 def test_new_sessions_sharing_a_system_prompt_spread_over_the_fleet() -> None:
     """r0 holds the shared prefix and stays the cheapest; new sessions still spread by session count."""
-    policy = CostPolicy(CFG)
+    policy = CostPolicy()
     counts: Counter[str] = Counter()
     reasons: Counter[Reason] = Counter()
     for i in range(40):

@@ -73,14 +73,6 @@ def test_failed_or_untimed_outcomes_teach_nothing() -> None:
     assert book.own("a") is None and book.get("a").prefill_tokens_per_s == 4000.0
 
 
-def test_service_time_follows_ttft_plus_decode() -> None:
-    cfg = RoutingConfig(decode_s_per_token=0.01, default_new_tokens=100, overhead_s=0.05)
-    book = RateBook(cfg)
-    for _ in range(50):
-        observe(book, outcome(100, 0, 0.5))
-    assert book.get("a").service_s == pytest.approx(0.5 + 100 * 0.01, rel=0.05)
-
-
 def test_bytes_per_token_converges_and_ignores_tiny_prompts() -> None:
     est = TokenEstimator(4.0, block_chars=256)
     est.observe(1000, 3)

@@ -40,12 +40,12 @@ def test_route_records_the_prompt_so_a_repeat_finds_it_on_that_replica() -> None
 
 
 def test_a_retried_request_is_learned_against_the_replica_that_served_it() -> None:
-    """The first choice ``a`` has a long prefill queue; the request is retried on idle ``b``, which
+    """The first choice ``a`` has 1 s of prefill queued; the request is retried on idle ``b``, which
     serves it at 2000 tokens/s. The ticket's prediction follows it to ``b`` (no queue there), so ``b``
     learns 2000 tokens/s. Learning b's TTFT against a's predicted queue (the bug this replaced: the
     retry kept the first replica's breakdown) would learn ~4000."""
     router = Router(dataclasses.replace(CFG, policy="consistent_hash"))
-    busy, idle = replica("a", inflight_requests=2, inflight_prefill_tokens=8000), replica("b")
+    busy, idle = replica("a", inflight_requests=2, inflight_prefill_s=1.0), replica("b")
     key = next(
         k
         for k in map(str, range(100))

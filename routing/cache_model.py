@@ -2,13 +2,15 @@
 
 ``CacheModel`` keeps one ``routing.tiers.ReplicaTiers`` per replica:
 
-- **Capacities** come from the replica snapshots (``gpu_tokens``, ``host_tokens``, ``storage_tokens``, in
-  engine tokens), converted to blocks with the token estimator's current ``block_tokens``
-  (``routing.tokens``), scaled by the replica's effective-capacity factors (``routing.calibration``) and,
-  when the fleet's total exceeds ``model_budget_blocks``, scaled down together so the model never holds
-  more than the budget. ``sync`` adds replicas and notices restarts (a change of ``started_at`` forgets GPU
-  and host); a hybrid model with a write-through policy gets no host or storage tier (the seeds' trap:
-  its host copies lack the recurrent-state anchor and are never reused, contract §3.2).
+- **Capacities** come from the replica snapshots (``gpu_tokens``, ``host_tokens``, ``storage_tokens``) and
+  stay in engine tokens: every block weighs the tokens per block of the request that brought it
+  (``routing.tiers.BlockLru``; text and token-id prompts differ), scaled by the replica's
+  effective-capacity factors (``routing.calibration``) and, when the fleet's total exceeds
+  ``model_budget_blocks`` (converted to tokens at the estimator's tokens per block), scaled down together
+  so the model never holds more than the budget. ``sync`` adds replicas and notices restarts (a change
+  of ``started_at`` forgets GPU and host); a hybrid model with a write-through policy gets no host or
+  storage tier (the seeds' trap: its host copies lack the recurrent-state anchor and are never reused,
+  contract §3.2).
 - ``match`` returns, per replica, the leading tokens found on GPU, then host, then storage. Host runs
   shorter than SGLang's load-back threshold (10 tokens) and storage runs shorter than its prefetch
   threshold (256 tokens) count as misses, and the total is capped at ``prompt_tokens - 1`` (the engine
@@ -125,23 +127,19 @@ class CacheModel:
         return not _same_shape(old, state)
 
     def _resize(self) -> None:
-        raw = {rid: self._raw_capacity(r.state) for rid, r in self._replicas.items()}
+        """Tier capacities in engine tokens; the memory budget (blocks) converts to tokens at the
+        current tokens-per-block estimate."""
+        raw = {rid: _raw_capacity(r.state) for rid, r in self._replicas.items()}
         total = sum(g + h + s for g, h, s in raw.values())
-        self._scale = min(1.0, self._cfg.model_budget_blocks / total) if total else 1.0
+        budget = self._cfg.model_budget_blocks * self.block_tokens
+        self._scale = min(1.0, budget / total) if total else 1.0
         for rid, r in self._replicas.items():
             g, h, s = raw[rid]
             gf, hf = self.calibration.factors(rid)
             sc = self._scale
             r.tiers.configure(int(g * gf * sc), int(h * hf * sc), int(s * sc), r.state.write_policy)
             t = r.tiers
-            r.ends.capacity = t.gpu.capacity + t.host.capacity + t.storage.capacity
-
-    def _raw_capacity(self, state: ReplicaState) -> tuple[float, float, float]:
-        bt = self.block_tokens
-        reusable = host_reusable(state)
-        host = state.host_tokens / bt if reusable else 0.0
-        storage = state.storage_tokens / bt if reusable else 0.0
-        return state.gpu_tokens / bt, host, storage
+            r.ends.capacity = int((t.gpu.capacity + t.host.capacity + t.storage.capacity) / self.block_tokens)
 
     # ---- requests -----------------------------------------------------------------------------------
     def match(self, req: RoutingRequest, replicas: Sequence[ReplicaState]) -> dict[ReplicaId, PrefixMatch]:
@@ -167,7 +165,7 @@ class CacheModel:
         hashes = req.block_hashes
         if r is None or not hashes:
             return None
-        g, h, s = r.tiers.insert(hashes)
+        g, h, s = r.tiers.insert(hashes, req.block_tokens)
         m = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:
@@ -239,6 +237,14 @@ class CacheModel:
             host = min(host, limit - gpu)
             storage = min(storage, limit - gpu - host)
         return PrefixMatch(gpu, host, storage)
+
+
+def _raw_capacity(state: ReplicaState) -> tuple[float, float, float]:
+    """GPU, host and storage tokens the model may hold for ``state`` (no reusable host tier: 0, 0)."""
+    reusable = host_reusable(state)
+    host = state.host_tokens if reusable else 0
+    storage = state.storage_tokens if reusable else 0
+    return float(state.gpu_tokens), float(host), float(storage)
 
 
 def _same_shape(a: ReplicaState, b: ReplicaState) -> bool:

@@ -1,7 +1,7 @@
 """A read-only view of the ``Router``'s state, for ``/status`` and debugging (plain values).
 
-Per replica: the blocks the cache model holds per tier and the tiers' capacities (in blocks and in
-engine tokens at the current estimate), the effective-capacity factors and the accuracy of its cached-token
+Per replica: the blocks the cache model holds per tier, the engine tokens they weigh and the tiers'
+capacities in tokens, the effective-capacity factors and the accuracy of its cached-token
 predictions (``routing.calibration``), and the learned rates (``routing.rates``). Fleet-wide: the
 policy, the token estimate, the blocks held over all replicas and the tickets still open.
 """
@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class TierView:
     blocks: int
-    capacity_blocks: int
-    tokens: float  # blocks x the current tokens per block
+    tokens: float  # the engine tokens its blocks weigh
     capacity_tokens: float
 
 
@@ -56,8 +55,8 @@ class RouterStatus:
     replicas: dict[ReplicaId, ReplicaView]
 
 
-def _tier(lru: BlockLru, block_tokens: float) -> TierView:
-    return TierView(len(lru), lru.capacity, len(lru) * block_tokens, lru.capacity * block_tokens)
+def _tier(lru: BlockLru) -> TierView:
+    return TierView(len(lru), lru.tokens, lru.capacity)
 
 
 def router_status(router: Router, open_tickets: int) -> RouterStatus:
@@ -68,7 +67,7 @@ def router_status(router: Router, open_tickets: int) -> RouterStatus:
         t = cache.tiers(rid)
         if t is None:
             continue
-        gpu, host, storage = (_tier(x, bt) for x in (t.gpu, t.host, t.storage))
+        gpu, host, storage = (_tier(x) for x in (t.gpu, t.host, t.storage))
         r = router.rates.get(rid)
         rates = RatesView(
             r.prefill_tokens_per_s,

@@ -43,11 +43,10 @@ block while holding the tier within 1.6% of its capacity.
 
 from __future__ import annotations
 
-import operator
 import sys
 from bisect import bisect_left
-from collections.abc import Sequence
-from itertools import compress, filterfalse, islice, repeat
+from collections.abc import Mapping, Sequence
+from itertools import filterfalse, repeat
 
 from routing.types import BlockHash, ReplicaState, WritePolicy
 
@@ -87,13 +86,19 @@ _SCAN_FACTOR = 4  # host eviction looks at most this many entries per victim wan
 
 
 class BlockLru:
-    """An LRU set of block hashes with a capacity in blocks."""
+    """An LRU set of block hashes, each weighing its engine tokens, with a capacity in engine tokens.
 
-    __slots__ = ("_blocks", "capacity")
+    A block's weight is the tokens per block of the request that touched it last (text and token-id
+    prompts pack different numbers of tokens into a block of canonical bytes), so a tier holds as many
+    tokens as the replica's pool, whatever mix of prompts filled it. The weights of one request are one
+    shared float object: the dict's values cost nothing beyond the pointer a set-like dict pays anyway."""
 
-    def __init__(self, capacity: int = 0) -> None:
-        self._blocks: dict[BlockHash, None] = {}
+    __slots__ = ("_blocks", "capacity", "tokens")
+
+    def __init__(self, capacity: float = 0.0) -> None:
+        self._blocks: dict[BlockHash, float] = {}
         self.capacity = capacity
+        self.tokens = 0.0
 
     def __contains__(self, block: BlockHash) -> bool:
         return block in self._blocks
@@ -109,49 +114,60 @@ class BlockLru:
         """Blocks from least to most recently used (for tests and debugging)."""
         return list(self._blocks)
 
-    def touch(self, block: BlockHash) -> None:
-        """Makes ``block`` the most recently used, inserting it if absent."""
-        blocks = self._blocks
-        blocks.pop(block, None)
-        blocks[block] = None
-
-    def touch_all(self, blocks: Sequence[BlockHash]) -> None:
-        """Touches ``blocks`` in order (the last one ends most recent), in two C-level passes."""
+    def touch_all(self, blocks: Sequence[BlockHash], weight: float = 1.0) -> None:
+        """Touches ``blocks`` in order (the last one ends most recent), each weighing ``weight``."""
         if blocks:
+            self.touch_items(dict.fromkeys(blocks, weight))
+
+    def touch_items(self, items: Mapping[BlockHash, float]) -> None:
+        """Touches the blocks of ``items`` in their order, with their weights, in C-level passes."""
+        if items:
             stored = self._blocks
-            list(map(stored.pop, blocks, repeat(None)))
-            stored.update(dict.fromkeys(blocks))
+            old = sum(map(stored.pop, items, repeat(0.0)))
+            stored.update(items)
+            self.tokens += sum(items.values()) - old
 
     def discard_all(self, blocks: Sequence[BlockHash]) -> None:
-        stored = self._blocks
-        list(map(stored.pop, blocks, repeat(None)))
+        self.tokens -= sum(map(self._blocks.pop, blocks, repeat(0.0)))
 
     def clear(self) -> None:
-        self._blocks = {}
+        self._blocks, self.tokens = {}, 0.0
 
-    def overflow(self, pinned: BlockLru | None = None) -> list[BlockHash]:
-        """Evicts least recently used blocks when over capacity; returns them, oldest first.
+    def overflow(self, pinned: BlockLru | None = None) -> dict[BlockHash, float]:
+        """Evicts least recently used blocks when over capacity, the excess and a batch of a 64th of the
+        capacity's blocks (at the mean weight) at once; returns them with their weights, oldest first.
 
         Blocks in ``pinned`` are not evictable (host copies of blocks still on GPU): they are skipped and
         moved to the most recent end, so a later eviction does not scan them again; at most
-        ``_SCAN_FACTOR`` entries per wanted victim are looked at, which bounds the work when most of the
-        tier is pinned (it then stays over capacity until pinned blocks leave the GPU)."""
-        excess = len(self._blocks) - self.capacity
-        if excess <= 0:
-            return []
-        want = excess + self.capacity // EVICT_BATCH_DIVISOR
+        ``_SCAN_FACTOR`` entries per expected victim are looked at, which bounds the work when most of
+        the tier is pinned (it then stays over capacity until pinned blocks leave the GPU)."""
+        excess = self.tokens - self.capacity
+        if excess <= 1e-9 or not self._blocks:
+            return {}
         blocks = self._blocks
-        if pinned is None:
-            victims = list(islice(blocks, want))
-        else:
-            window = list(islice(blocks, want * _SCAN_FACTOR + 64))
-            flags = list(map(pinned.__contains__, window))
-            victims = list(islice(compress(window, map(operator.not_, flags)), want))
-            last = window.index(victims[-1]) + 1 if victims else len(window)
-            self.touch_all(list(compress(window[:last], flags[:last])))
+        mean = self.tokens / len(blocks)  # the batch is capacity // 64 in blocks of the mean weight
+        want = excess + (self.capacity / mean) // EVICT_BATCH_DIVISOR * mean
+        limit = int(_SCAN_FACTOR * want / mean) + 64
+        victims: dict[BlockHash, float] = {}
+        moved: list[BlockHash] = []
+        freed = 0.0
+        for scanned, (block, weight) in enumerate(blocks.items()):
+            if pinned is not None:
+                if scanned >= limit:
+                    break
+                if block in pinned:
+                    moved.append(block)
+                    continue
+            victims[block] = weight
+            freed += weight
+            if freed >= want - 1e-9:
+                break
         list(map(blocks.__delitem__, victims))
+        self.tokens -= freed
+        if moved:
+            self.touch_items({b: blocks[b] for b in moved})
         if sys.getsizeof(blocks) > COMPACT_BYTES_PER_BLOCK * len(blocks) + 4096:
-            self._blocks = dict.fromkeys(blocks)  # same order, table sized for the live blocks
+            self._blocks = dict(blocks)  # same order, table sized for the live blocks
         return victims
 
     def run(self, reverse: Sequence[BlockHash], start: int) -> int:
@@ -195,8 +211,8 @@ class ReplicaTiers:
         self.storage = BlockLru()
         self.policy: WritePolicy | None = None
 
-    def configure(self, gpu: int, host: int, storage: int, policy: WritePolicy | None) -> None:
-        """Sets capacities in blocks (host 0 = no reusable host tier) and evicts down to them."""
+    def configure(self, gpu: float, host: float, storage: float, policy: WritePolicy | None) -> None:
+        """Sets capacities in engine tokens (host 0 = no reusable host tier) and evicts down to them."""
         self.gpu.capacity, self.host.capacity, self.storage.capacity = gpu, host, storage
         self.policy = policy
         if host <= 0:
@@ -222,8 +238,9 @@ class ReplicaTiers:
         s = storage.walk(hashes, g + h) if storage.capacity > 0 else 0
         return g, h, s
 
-    def insert(self, hashes: Sequence[BlockHash]) -> tuple[int, int, int]:
-        """Records that the replica served ``hashes``; returns the runs found before the insert.
+    def insert(self, hashes: Sequence[BlockHash], weight: float = 1.0) -> tuple[int, int, int]:
+        """Records that the replica served ``hashes`` (blocks of ``weight`` engine tokens each); returns
+        the runs found before the insert.
 
         Equivalent to touching block by block from the deepest to the first (see the module docstring),
         done tier by tier in bulk: only the order within each tier matters.
@@ -234,11 +251,11 @@ class ReplicaTiers:
         if host.capacity > 0:
             hosted = self._hosted(hashes, g, m)
             if storage.capacity > 0:
-                storage.touch_all(list(filterfalse(host.__contains__, hosted))[::-1])
-            host.touch_all(hosted[::-1])
+                storage.touch_all(list(filterfalse(host.__contains__, hosted))[::-1], weight)
+            host.touch_all(hosted[::-1], weight)
         elif storage.capacity > 0:
-            storage.touch_all(hashes[g + h : m][::-1])
-        self.gpu.touch_all(hashes[::-1])
+            storage.touch_all(hashes[g + h : m][::-1], weight)
+        self.gpu.touch_all(hashes[::-1], weight)
         self.settle()
         return g, h, s
 
@@ -253,10 +270,12 @@ class ReplicaTiers:
         victims = self.gpu.overflow()
         host = self.host
         if victims and self.policy is not None and host.capacity > 0:
-            kept = victims if self.policy == "write_back" else list(filter(host.__contains__, victims))
+            kept = victims
+            if self.policy != "write_back":
+                kept = {b: w for b, w in victims.items() if b in host}
             if self.storage.capacity > 0:
-                self.storage.touch_all(list(filterfalse(host.__contains__, kept)))
-            host.touch_all(kept)
+                self.storage.touch_items({b: w for b, w in kept.items() if b not in host})
+            host.touch_items(kept)
         host.overflow(pinned=self.gpu)
         self.storage.overflow()
 

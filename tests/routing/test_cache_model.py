@@ -204,7 +204,7 @@ def test_optimistic_predictions_shrink_the_capacity_and_pessimistic_ones_grow_it
     assert stats.mean_abs_error_tokens == pytest.approx((8 * BT) / 2)
     assert stats.error_ratio == pytest.approx(8 * BT / (2 * req.prompt_tokens))
     tiers = model.tiers("a")
-    assert tiers is not None and tiers.gpu.capacity < 40
+    assert tiers is not None and tiers.gpu.capacity < 40 * BT
     shrunk = stats.gpu_factor
     settle(model, serve(model, doc(2)), int(8 * BT))  # predicted cold, actually cached: grow back
     assert shrunk < model.accuracy()["a"].gpu_factor <= 1.0
@@ -279,12 +279,19 @@ def test_operators_are_warned_about_tiers_that_cannot_be_reused() -> None:
     assert tier_warnings(replica(policy="write_back", hybrid=True)) == ()
 
 
-def test_a_new_token_estimate_resizes_the_tiers_in_blocks() -> None:
-    """Capacities are engine tokens: when a block turns out to hold 1.6x the tokens, the same pool holds
-    1/1.6 of the blocks."""
+def test_capacities_are_engine_tokens_whatever_the_tokens_per_block() -> None:
+    """A block weighs its request's tokens per block: the 1280-token GPU pool holds 80 blocks of 16
+    tokens (text) or 40 blocks of 32 (a token-id prompt packs more tokens into its bytes), never more."""
     model = new_model()
     model.sync([replica(gpu=80)])
     tiers = model.tiers("a")
-    assert tiers is not None and tiers.gpu.capacity == 80
-    model.resize(BT * 1.6)
-    assert tiers.gpu.capacity == int(80 / 1.6)
+    assert tiers is not None and tiers.gpu.capacity == 80 * BT
+    serve(model, doc(1, blocks=80))
+    assert len(tiers.gpu) == 80 and tiers.gpu.tokens == 80 * BT
+    ids = RoutingRequest(
+        model="m", block_hashes=tuple(range(5000, 5050)), prompt_tokens=1601, block_tokens=32.0
+    )
+    serve(model, ids)
+    assert tiers.gpu.tokens <= 80 * BT  # 1600 tokens do not fit: the text went, then its own tail
+    assert [b for b in range(5000, 5050) if b in tiers.gpu] == list(range(5000, 5040))
+    assert not any(b in tiers.gpu for b in doc(1, blocks=80).block_hashes)

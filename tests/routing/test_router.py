@@ -91,7 +91,7 @@ def test_one_estimator_learns_bytes_per_token_and_resizes_the_cache_model() -> N
     assert router.tokens.bytes_per_token == pytest.approx(2.0)
     assert router.cache.block_tokens == pytest.approx(32.0) and tiers_before == 16.0
     tiers = router.cache.tiers("a")
-    assert tiers is not None and tiers.gpu.capacity == 16_000 // 32  # engine tokens → blocks of 32
+    assert tiers is not None and tiers.gpu.capacity == 16_000  # capacities stay in engine tokens
     assert router.route(text(8000), states).request.prompt_tokens == 4000
 
 

@@ -11,20 +11,26 @@ the predicted GPU run, ``r = clamp(cached - gpu_pred, 0, host_pred + storage_pre
   ``prefill = u / (work - r / host)``, otherwise ``host = r / (work - u / prefill)``;
 - small requests (u and r both under ``MIN_SAMPLE_TOKENS``) teach the overhead instead:
   ``overhead = ttft - queue - u / prefill``;
-- **robust EWMA**: a sample is first clipped to [0.5x, 2x] of the current value (one outlier moves the
-  estimate by at most ``ALPHA``), then ``value += ALPHA (sample - value)``, then bounded to [0.2x, 5x]
-  of the configured start.
+- the first ``WARMUP`` (5) samples of each estimate are averaged (the configured start is only a guess
+  for some GPU, so data outweighs it at once); after that a **robust EWMA**: a sample is first clipped
+  to [0.5x, 2x] of the current value (one outlier moves the estimate by at most ``ALPHA``), then
+  ``value += ALPHA (sample - value)``; always bounded to [0.02x, 50x]
+  of the configured start (the start is a guess for one GPU: an H200's engine prefills 10x what a
+  consumer card does, and a time-scaled emulator faster still).
 
 Each replica's estimates are shrunk toward the fleet's pooled ones until it has served enough requests
-(``RateBook``). Decode speed (seconds per generated token, for the slot-wait term) is learned from
-streamed answers: ``decode_s / completion_tokens`` (time from the first byte to the end over the tokens
-generated; answers of fewer than ``MIN_DECODE_TOKENS`` are skipped). Tokens per byte are learned
+(``RateBook``). Until the host rate has samples of its own it follows the prefill rate at its configured
+ratio (a reload is ~30x faster than a recompute on the seeds' GPUs, whatever the absolute speed), and the
+storage rate always does (L3 prefetches are not timed apart). Decode speed (seconds per generated
+token, for the slot-wait term) is learned from streamed answers: ``decode_s / completion_tokens`` (time
+from the first byte to the end over the tokens generated; answers of fewer than ``MIN_DECODE_TOKENS``
+are skipped). Tokens per byte are learned
 elsewhere, once (``routing.tokens``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from routing.config import RoutingConfig
 from routing.types import Prediction, ReplicaId, Report, RoutingRequest
@@ -32,8 +38,9 @@ from routing.types import Prediction, ReplicaId, Report, RoutingRequest
 ALPHA = 0.2
 MIN_SAMPLE_TOKENS = 256
 MIN_DECODE_TOKENS = 8
+WARMUP = 5  # samples averaged before the EWMA takes over
 PRIOR_SAMPLES = 20  # weight of the fleet's pooled estimate in a replica's, in samples
-LOW, HIGH = 0.2, 5.0  # bounds relative to the configured start
+LOW, HIGH = 0.02, 50.0  # bounds relative to the configured start
 
 
 @dataclass(slots=True)
@@ -46,6 +53,12 @@ class ReplicaRates:
     overhead_s: float
     decode_s_per_token: float
     samples: int = 0
+    seen: dict[str, int] = field(default_factory=dict)  # samples per estimate, for the warm-up
+
+    def step(self, name: str, value: float, sample: float, start: float) -> float:
+        """The estimate ``name`` after one more sample (``learned``), counting it."""
+        n = self.seen[name] = self.seen.get(name, 0) + 1
+        return learned(value, sample, start, n)
 
 
 def robust_update(value: float, sample: float, start: float, alpha: float = ALPHA) -> float:
@@ -53,6 +66,14 @@ def robust_update(value: float, sample: float, start: float, alpha: float = ALPH
     clipped = min(max(sample, 0.5 * value), 2.0 * value)
     updated = value + alpha * (clipped - value)
     return min(max(updated, LOW * start), HIGH * start)
+
+
+def learned(value: float, sample: float, start: float, n: int) -> float:
+    """The n-th sample's update: the first ``WARMUP`` samples are averaged without clipping (the start
+    is only a guess for some GPU), later ones are robust EWMA steps; always within the bounds."""
+    if n <= WARMUP:
+        return min(max(value + (sample - value) / n, LOW * start), HIGH * start)
+    return robust_update(value, sample, start)
 
 
 class RateBook:
@@ -133,12 +154,21 @@ class RateBook:
             self._learn_rates(rates, req, pred, report)
         self._views.clear()
 
+    def _follow_prefill(self, rates: ReplicaRates) -> None:
+        """Until their own samples arrive, the reload rates keep their configured ratio to the prefill
+        rate: how much faster a reload is than a recompute depends less on the GPU than either does."""
+        cfg = self._cfg
+        scale = rates.prefill_tokens_per_s / cfg.prefill_tokens_per_s
+        if "host" not in rates.seen:
+            rates.host_tokens_per_s = cfg.host_load_tokens_per_s * scale
+        rates.storage_tokens_per_s = cfg.storage_load_tokens_per_s * scale
+
     def _learn_decode(self, rates: ReplicaRates, report: Report) -> None:
         tokens, seconds = report.completion_tokens, report.decode_s
         if tokens is None or seconds is None or tokens < MIN_DECODE_TOKENS or seconds <= 0:
             return
         start = self._cfg.decode_s_per_token
-        rates.decode_s_per_token = robust_update(rates.decode_s_per_token, seconds / tokens, start)
+        rates.decode_s_per_token = rates.step("decode", rates.decode_s_per_token, seconds / tokens, start)
 
     def _learn_rates(
         self, rates: ReplicaRates, req: RoutingRequest, pred: Prediction, report: Report
@@ -157,14 +187,15 @@ class RateBook:
         if uncached < MIN_SAMPLE_TOKENS and reloaded < MIN_SAMPLE_TOKENS:
             sample = ttft - queue_s - prefill_s - reload_s
             start = max(cfg.overhead_s, 0.01)
-            rates.overhead_s = robust_update(rates.overhead_s, max(sample, 0.0), start)
+            rates.overhead_s = rates.step("overhead", rates.overhead_s, max(sample, 0.0), start)
         elif prefill_s >= reload_s and work - reload_s > 0:
             sample = uncached / (work - reload_s)
-            rates.prefill_tokens_per_s = robust_update(
-                rates.prefill_tokens_per_s, sample, cfg.prefill_tokens_per_s
+            rates.prefill_tokens_per_s = rates.step(
+                "prefill", rates.prefill_tokens_per_s, sample, cfg.prefill_tokens_per_s
             )
+            self._follow_prefill(rates)
         elif reload_s > prefill_s and work - prefill_s > 0:
             sample = reloaded / (work - prefill_s)
-            rates.host_tokens_per_s = robust_update(
-                rates.host_tokens_per_s, sample, cfg.host_load_tokens_per_s
+            rates.host_tokens_per_s = rates.step(
+                "host", rates.host_tokens_per_s, sample, cfg.host_load_tokens_per_s
             )

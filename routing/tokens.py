@@ -6,7 +6,7 @@ The gateway never tokenizes. A text prompt's engine token count is estimated as
 ``RoutingConfig.chars_per_token`` and follows every reported ``usage.prompt_tokens`` (a robust running
 estimate: a sample is clipped to [0.5x, 2x] of the current value, then ``value += a (sample - value)``
 with ``a = max(0.2, 1 / n)`` for the n-th sample, a plain mean of the first five and an EWMA after, then
-bounded to [0.2x, 5x] of the start, ``routing.rates.robust_update``). The estimate is a property of the
+bounded relative to the start, ``routing.rates.robust_update``). The estimate is a property of the
 model's tokenizer and chat template, the same on every replica, so the first reports are trusted fully.
 The chat template's own tokens (role headers, separators) are part of what is learned, so the estimate
 is of *engine* tokens.

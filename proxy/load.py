@@ -14,9 +14,11 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   request, the seconds it has decoded and its output budget (0 when unbounded), filled only then.
 - **released** at the end (or on failure): nothing is left behind, exactly once.
 
-Arrivals and work are also kept as exponentially decaying rates over ``window_s`` (requests per second
-and prefill seconds per second, the utilization of the replica's prefill): the placement rule prices the
-delay a new request imposes on those that will arrive behind it (``routing.placement``).
+Arrivals are also kept as an exponentially decaying rate over ``window_s`` (requests per second), and the
+replica's prefill **utilization** as the decaying fraction of time it had prefill work outstanding (some
+request sent and its first byte not back): measured, so it does not inherit the errors of early
+predictions. The placement rule prices the delay a new request imposes on those that will arrive behind
+it with both (``routing.placement``).
 
 All times are the event loop's clock (seconds); nothing here does I/O.
 """
@@ -80,29 +82,31 @@ class ReplicaLoad:
     queued_tokens: int = 0
     queued_work_s: float = 0.0
     last_first_s: float = 0.0
+    busy_since_s: float | None = None  # prefill work outstanding since then
     arrivals: DecayingRate = field(default_factory=DecayingRate)
-    work: DecayingRate = field(default_factory=DecayingRate)
+    busy: DecayingRate = field(default_factory=DecayingRate)  # seconds with prefill outstanding, per second
 
     def __post_init__(self) -> None:
-        self.arrivals.window_s = self.work.window_s = self.window_s
+        self.arrivals.window_s = self.busy.window_s = self.window_s
 
     def add(self, w: Work) -> None:
+        if not self.queue:
+            self.busy_since_s = w.sent_s
         self.queue[w] = None
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
         self.arrivals.add(1.0, w.sent_s)
-        self.work.add(w.work_s, w.sent_s)
 
     def first_token(self, w: Work, now: float) -> None:
         if w in self.queue:
-            self._dequeue(w)
+            self._dequeue(w, now)
             w.first_s = now
             self.last_first_s = max(self.last_first_s, now)
             self.decoding[w] = None
 
-    def release(self, w: Work) -> None:
+    def release(self, w: Work, now: float) -> None:
         if w in self.queue:
-            self._dequeue(w)
+            self._dequeue(w, now)
         self.decoding.pop(w, None)
 
     def view(self, now: float, max_running: int) -> LoadView:
@@ -116,8 +120,13 @@ class ReplicaLoad:
             self._queued_s(now),
             decoding,
             self.arrivals.at(now),
-            self.work.at(now),
+            self._utilization(now),
         )
+
+    def _utilization(self, now: float) -> float:
+        """The decaying busy fraction, the current busy stretch included."""
+        ongoing = now - self.busy_since_s if self.busy_since_s is not None else 0.0
+        return self.busy.at(now) + ongoing / self.window_s
 
     def _queued_s(self, now: float) -> float:
         head = next(iter(self.queue), None)
@@ -132,7 +141,10 @@ class ReplicaLoad:
         for w in late:
             self.first_token(w, w.sent_s + w.ttft_s)
 
-    def _dequeue(self, w: Work) -> None:
+    def _dequeue(self, w: Work, now: float) -> None:
         del self.queue[w]
         self.queued_tokens -= w.prefill_tokens
         self.queued_work_s = max(0.0, self.queued_work_s - w.work_s) if self.queue else 0.0
+        if not self.queue and self.busy_since_s is not None:  # a busy stretch ends
+            self.busy.add(max(0.0, now - self.busy_since_s), now)
+            self.busy_since_s = None

@@ -15,8 +15,10 @@ The composition (``routing.protocols``), each exit naming a Reason:
    draw, so misses spread evenly over idle replicas.
 4. Session affinity (``SessionPicker``): a session (an explicit conversation key: ``x-session-id``, or
    the header or body field the config names; never OpenAI's ``user``, which names the end user)
-   returns to the replica of its previous turn unless that replica's cost exceeds the best by
-   ``session_overload_factor`` (Reason SESSION when it changed the pick). A new session avoids replicas
+   returns to the replica of its previous turn unless its predicted TTFT there exceeds the best by
+   ``session_overload_factor`` (Reason SESSION when it changed the pick): a session yields to its own
+   latency, not to the delay it imposes on others (it is one conversation's next turn, and its home
+   holds its history). A new session avoids replicas
    holding more than ``session_spread_factor`` x the fewest sessions any replica holds + 1 (Reason
    FALLBACK when that moved it): sessions are long-lived and grow, so a shared system prompt must not
    gather every session on its first holders.
@@ -99,8 +101,8 @@ class SessionPicker(Wrapper):
         key = req.session_key
         sticky = self.sessions.get(key)
         if sticky is not None and sticky != pick.chosen.id:
-            costs = {s.id: s.cost for s in scored}
-            if should_stick(costs, sticky, self._cfg.session_overload_factor):
+            ttfts = {s.id: s.terms.total if s.terms is not None else s.cost for s in scored}
+            if should_stick(ttfts, sticky, self._cfg.session_overload_factor):
                 return Pick(next(s for s in scored if s.id == sticky), Reason.SESSION)
         elif sticky is None and key:
             crowded = self.sessions.crowded([s.id for s in scored], self._cfg.session_spread_factor)

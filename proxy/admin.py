@@ -24,10 +24,11 @@ from proxy.openai import parse_json
 from proxy.settings import parse_url
 
 
-def _authorize(request: web.Request, gw: Gateway) -> None:
+def authorize(request: web.Request, gw: Gateway) -> None:
+    """403 when the admin key is not configured, 401 when the request does not carry it."""
     key = gw.settings.admin_key
     if key is None:
-        raise Forbidden("the admin API is disabled: start kvroute with --admin-key")
+        raise Forbidden("admin endpoints are disabled: start kvroute with --admin-key")
     given = request.headers.get("Authorization", "")
     if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
         raise Unauthorized("invalid or missing admin key")
@@ -50,13 +51,13 @@ async def _url_arg(request: web.Request) -> tuple[str, dict[str, Any]]:
 
 async def list_replicas(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    _authorize(request, gw)
+    authorize(request, gw)
     return _json({"replicas": [r.status() for r in gw.fleet.replicas()]})
 
 
 async def add_replica(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    _authorize(request, gw)
+    authorize(request, gw)
     url, _ = await _url_arg(request)
     replica = gw.fleet.add(url)
     await gw.fleet.check(gw.up, replica, refresh=True)
@@ -65,7 +66,7 @@ async def add_replica(request: web.Request) -> web.Response:
 
 async def remove_replica(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    _authorize(request, gw)
+    authorize(request, gw)
     url, _ = await _url_arg(request)
     if not gw.fleet.remove(url):
         raise NotFound(f"no replica {url}", param="url")
@@ -74,7 +75,7 @@ async def remove_replica(request: web.Request) -> web.Response:
 
 async def drain_replica(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    _authorize(request, gw)
+    authorize(request, gw)
     url, body = await _url_arg(request)
     draining = body.get("draining", True)
     if not isinstance(draining, bool):

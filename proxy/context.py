@@ -9,6 +9,7 @@ turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503), co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from aiohttp import web
 from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
+from proxy.model_names import resolve
 from proxy.settings import Settings
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
@@ -61,13 +63,22 @@ class Gateway:
             raise RuntimeError("the upstream session is not open (app not started)")
         return self.upstream
 
-    def check_model(self, model: str | None) -> None:
-        """404 model_not_found unless some replica serves ``model`` (``base:adapter`` counts as base)."""
+    def resolve_model(self, parsed: ParsedRequest) -> ParsedRequest:
+        """The request for the served model its ``model`` means (``proxy/model_names.py``); 404
+        model_not_found when there is none. A request without a model (``/generate``) is unchanged."""
+        if parsed.model is None:
+            return parsed
+        st = self.settings
+        served = self.fleet.models()
+        model = resolve(parsed.model, served, dict(st.model_aliases), st.single_model_fallback)
         if model is None:
-            return
-        known = self.fleet.models()
-        if model not in known and model.split(":", 1)[0] not in known:
-            raise ModelNotFound(f"The model '{model}' does not exist", param="model")
+            known = ", ".join(sorted(served)) or "none yet"
+            raise ModelNotFound(f"The model '{parsed.model}' does not exist (served: {known})", param="model")
+        if model == parsed.model:
+            return parsed
+        return dataclasses.replace(
+            parsed, model=model, routing=dataclasses.replace(parsed.routing, model=model)
+        )
 
     def route(self, parsed: ParsedRequest) -> Ticket:
         """Steps 2-5 of the data flow: the snapshot of the replicas serving the model → the Router."""

@@ -5,7 +5,7 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
 ``openai`` SDK parses into its typed exceptions)::
 
     GatewayError(status, type)
-    ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404
+    ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 · MethodNotAllowed 405
     │   └── ModelNotFound 404
     ├── PayloadTooLarge 413 · Overloaded 429
     ├── NoReplicaAvailable 503
@@ -79,6 +79,19 @@ class ModelNotFound(NotFound):
     code = "model_not_found"
 
 
+class MethodNotAllowed(GatewayError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+    def __init__(self, method: str, allowed: tuple[str, ...]) -> None:
+        super().__init__(f"{method} is not allowed here; use {' or '.join(allowed)}")
+        self.allowed = allowed
+
+    def to_response(self, headers: dict[str, str] | None = None) -> web.Response:
+        return super().to_response({**(headers or {}), "Allow": ", ".join(self.allowed)})
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     type = "invalid_request_error"
@@ -117,3 +130,35 @@ class UpstreamUnavailable(UpstreamError):
 class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def openai_error_body(status: int, body: bytes) -> bytes | None:
+    """An error body a replica sent in another shape (FastAPI's ``{"detail": ...}``, SGLang's flat
+    ``{"object": "error", "message": ...}``, plain text), re-shaped as OpenAI's; None when it already is
+    (or is no error). Used on pass-through routes only: generation routes relay the engine's bytes."""
+    if status < 400:
+        return None
+    try:
+        doc = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict) and "message" in doc["error"]:
+        return None
+    message: object = body.decode("utf-8", "replace").strip()[:500] or f"HTTP {status}"
+    if isinstance(doc, dict):
+        message = doc.get("message") or doc.get("detail") or message
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "upstream_error")
+    text = message if isinstance(message, str) else orjson.dumps(message).decode()
+    return orjson.dumps({"error": {"message": text, "type": kind, "param": None, "code": status}})

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from proxy.errors import UpstreamError
+from proxy.health_log import HealthLog
 from proxy.load import DEFAULT_WINDOW_S, ReplicaLoad, Work
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 from proxy.upstream import Upstream
@@ -114,7 +115,7 @@ class Lease:
         self.replica.load.first_token(self.work, time.monotonic())
 
     def release(self) -> None:
-        self.replica.load.release(self.work)
+        self.replica.load.release(self.work, time.monotonic())
 
 
 class Fleet:
@@ -129,6 +130,7 @@ class Fleet:
         self._interval = health_interval
         self._on_removed = on_removed
         self._on_restart = on_restart
+        self._health = HealthLog(health_interval)
         self._checks = 0
         for url in urls:
             self.add(url)
@@ -180,7 +182,7 @@ class Fleet:
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)
         if replica is not None and replica.healthy:
-            log.warning("replica %s unreachable (%s): out of the pool until healthy", replica_id, reason)
+            self._health.failed(replica_id, reason, was_healthy=True)
             replica.healthy = False
             replica.failures = FAILURE_THRESHOLD
             replica.last_error = reason
@@ -190,6 +192,7 @@ class Fleet:
         refresh = self._checks % INFO_REFRESH_CHECKS == 0
         self._checks += 1
         await asyncio.gather(*(self.check(upstream, r, refresh) for r in list(self._replicas.values())))
+        self._health.fleet(sum(r.healthy for r in self._replicas.values()), len(self._replicas))
 
     async def check(self, upstream: Upstream, replica: Replica, refresh: bool = False) -> None:
         try:
@@ -202,11 +205,7 @@ class Fleet:
             self._failed(replica, e.message)
             return
         if not replica.healthy:
-            log.info(
-                "replica %s healthy (model %s)",
-                replica.id,
-                replica.info.served_model if replica.info else "?",
-            )
+            self._health.recovered(replica.id, replica.info.served_model if replica.info else "?")
         replica.healthy, replica.failures, replica.last_error = True, 0, None
 
     async def _refresh_info(self, upstream: Upstream, replica: Replica) -> None:
@@ -232,15 +231,12 @@ class Fleet:
             self._on_restart(replica.id)
 
     def _failed(self, replica: Replica, reason: str) -> None:
+        """A failed check: logged (``proxy.health_log``); a healthy replica leaves the pool after
+        ``FAILURE_THRESHOLD`` in a row."""
         replica.failures += 1
         replica.last_error = reason
-        if replica.healthy and replica.failures >= FAILURE_THRESHOLD:
-            log.warning(
-                "replica %s failed %d health checks: out of the pool (%s)",
-                replica.id,
-                replica.failures,
-                reason,
-            )
+        if not replica.healthy or replica.failures >= FAILURE_THRESHOLD:
+            self._health.failed(replica.id, reason, was_healthy=replica.healthy)
             replica.healthy = False
 
     async def run(self, upstream: Upstream) -> None:

@@ -27,11 +27,12 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.access_log import Access, access_of
 from proxy.context import Gateway
-from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable
+from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable, openai_error_body
 from proxy.load import Work
 from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
-from proxy.types import ParsedRequest, Usage
+from proxy.types import ParsedRequest, Route, Usage
 from routing.router import Ticket
 from routing.types import Decision, ReplicaId, Report
 
@@ -95,6 +96,7 @@ async def forward(
     extra = {"x-request-id": rid_header} if rid_header else {}
     headers = forward_headers(request.headers, extra)
     last: UpstreamError | None = None
+    access = access_of(request)
     order = _attempt_order(ticket.decision, gw.settings.retries)
     unreachable: set[ReplicaId] = set()
     for n, replica in enumerate(order):
@@ -119,7 +121,7 @@ async def forward(
                 gw.fleet.mark_unreachable(replica, e.message)
         finally:
             attempt.lease.release()
-            _finish(gw, ticket, attempt)
+            _finish(gw, ticket, attempt, access)
     raise last or NoReplicaAvailable("no replica could take the request")
 
 
@@ -132,11 +134,14 @@ def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
     return 0 if r is not None and r.info is not None and r.info.cache_report else None
 
 
-def _finish(gw: Gateway, ticket: Ticket, a: Attempt) -> None:
+def _finish(gw: Gateway, ticket: Ticket, a: Attempt, access: Access) -> None:
     u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
     decode = asyncio.get_running_loop().time() - a.t0 - a.ttft if a.ttft is not None else None
     report = Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft, u.completion_tokens, decode)
     gw.router.finish(ticket, report)
+    access.replica, access.reason, access.ttft_s = a.replica, ticket.decision.reason.value, a.ttft
+    access.prompt_tokens, access.cached_tokens = u.prompt_tokens, u.cached_tokens
+    access.completion_tokens, access.attempts = u.completion_tokens, access.attempts + 1
     if u.prompt_tokens is not None:
         gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
     if u.cached_tokens is not None:
@@ -178,6 +183,9 @@ async def _try(
         a.whole_body()
         a.ok = resp.status < 400
         a.usage = body_usage(body) if a.ok else Usage()
+        reshaped = openai_error_body(resp.status, body) if parsed.route is Route.PASSTHROUGH else None
+        if reshaped is not None:
+            body, out_headers["Content-Type"] = reshaped, "application/json"
         return web.Response(status=resp.status, body=body, headers=out_headers)
     finally:
         resp.release()

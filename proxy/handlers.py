@@ -2,32 +2,27 @@
 parse (once) → check model → route (the Router decides and records: a Ticket) → forward (relay, retry,
 finish the ticket, release, abort).
 
-Also here: ``GET /v1/models`` (union over healthy replicas, deduplicated by id), ``GET
-/v1/models/{model}``, pass-through of any other ``/v1/*`` path (routed by the same policy, the body's
-``model`` honoured when present), ``/health``, ``/status`` and ``/metrics``; and the middleware that
-turns ``GatewayError`` into OpenAI-shaped JSON and counts every answer.
+Also here: pass-through of any other ``/v1/*`` path (routed by the same policy, the body's ``model``
+honoured when present); an OpenAI-shaped 405 for a method a route does not take; and the middleware
+that turns ``GatewayError`` (and aiohttp's own HTTP errors) into OpenAI-shaped JSON, counts every
+answer, and writes the opt-in access log. The operational endpoints are in ``proxy/operations.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.tcp_helpers import tcp_nodelay
 
-from proxy.context import GATEWAY, Gateway
-from proxy.errors import GatewayError, ModelNotFound, PayloadTooLarge, UpstreamError
+from proxy.access_log import access_of, log_access
+from proxy.context import GATEWAY
+from proxy.errors import GatewayError, MethodNotAllowed, PayloadTooLarge
 from proxy.forward import forward
 from proxy.openai import parse_request, passthrough_request
 from proxy.types import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-MODELS_TIMEOUT_S = 5.0
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -41,15 +36,18 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes") from None
 
 
-def generation(route: Route) -> Handler:
+def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
     async def handle(request: web.Request) -> web.StreamResponse:
+        access_of(request)
+        if request.method not in methods:
+            raise MethodNotAllowed(request.method, methods)
         gw = request.app[GATEWAY]
         if request.transport is not None:
             tcp_nodelay(request.transport, True)
         raw = await read_body(request, gw.settings.max_body_bytes)
         st = gw.settings
         parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
-        gw.check_model(parsed.model)
+        parsed = gw.resolve_model(parsed)
         ticket = gw.route(parsed)
         return await forward(request, gw, raw, parsed, ticket)
 
@@ -63,95 +61,9 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, gw.settings.max_body_bytes)
     st = gw.settings
     parsed = passthrough_request(raw, request.headers.get(st.session_header), st.session_field)
-    gw.check_model(parsed.model)
+    parsed = gw.resolve_model(parsed)
     ticket = gw.route(parsed)
     return await forward(request, gw, raw, parsed, ticket)
-
-
-async def _replica_models(gw: Gateway, replica: str) -> list[dict[str, Any]]:
-    try:
-        doc = await gw.up.get_json(replica, "/v1/models", MODELS_TIMEOUT_S)
-    except UpstreamError:
-        return []
-    data = doc.get("data") if isinstance(doc, dict) else None
-    return (
-        [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        if isinstance(data, list)
-        else []
-    )
-
-
-async def model_list(gw: Gateway) -> list[dict[str, Any]]:
-    healthy = [s.id for s in gw.fleet.snapshot(None) if s.healthy]
-    merged: dict[str, dict[str, Any]] = {}
-    for models in await asyncio.gather(*(_replica_models(gw, r) for r in healthy)):
-        for m in models:
-            merged.setdefault(m["id"], m)
-    return list(merged.values())
-
-
-async def list_models(request: web.Request) -> web.Response:
-    data = await model_list(request.app[GATEWAY])
-    return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
-
-
-async def get_model(request: web.Request) -> web.Response:
-    name = request.match_info["model"]
-    for m in await model_list(request.app[GATEWAY]):
-        if m["id"] == name:
-            return web.Response(body=orjson.dumps(m), content_type="application/json")
-    raise ModelNotFound(f"The model '{name}' does not exist", param="model")
-
-
-async def flush_cache(request: web.Request) -> web.Response:
-    """Fans ``/flush_cache`` out to every healthy replica (as sglang-router does); 200 only if all did."""
-    gw = request.app[GATEWAY]
-    targets = [s.id for s in gw.fleet.snapshot(None) if s.healthy]
-
-    async def one(replica: str) -> tuple[str, int]:
-        try:
-            status, _ = await gw.up.call(
-                replica, "POST", "/flush_cache" + request.path_qs[len(request.path) :], 30.0
-            )
-        except UpstreamError:
-            status = 502
-        if 200 <= status < 300:
-            gw.router.restart(replica)  # the radix tree and the host pool are reset, L3 storage is not
-        return replica, status
-
-    results = dict(await asyncio.gather(*(one(r) for r in targets)))
-    ok = bool(results) and all(200 <= s < 300 for s in results.values())
-    return web.Response(
-        status=200 if ok else 502,
-        body=orjson.dumps({"flushed": ok, "replicas": results}),
-        content_type="application/json",
-    )
-
-
-async def health(request: web.Request) -> web.Response:
-    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
-
-
-async def status(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    replicas = [r.status() for r in gw.fleet.replicas()]
-    router = gw.router.status()
-    doc = {
-        "time": time.time(),
-        "policy": router.policy,
-        "healthy_replicas": sum(1 for r in replicas if r["healthy"]),
-        "replicas": replicas,
-        "models": sorted(gw.fleet.models()),
-        "cache_model": {rid: dataclasses.asdict(a) for rid, a in gw.router.accuracy().items()},
-        "router": dataclasses.asdict(router),
-        "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
-    }
-    return web.Response(body=orjson.dumps(doc, default=str), content_type="application/json")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[GATEWAY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
 def _route_label(request: web.Request) -> str:
@@ -177,6 +89,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         err = GatewayError(e.reason)
         err.status, err.type = e.status, "invalid_request_error" if e.status < 500 else "internal_error"
-        resp = err.to_response()
+        resp = err.to_response({"Allow": e.headers["Allow"]} if "Allow" in e.headers else None)
     gw.metrics.requests.labels(_route_label(request), str(resp.status)).inc()
+    if gw.settings.access_log:
+        log_access(request, resp)
     return resp

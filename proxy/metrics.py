@@ -8,6 +8,7 @@ kvroute_stream_errors_total{replica}           streams cut after their first byt
 kvroute_client_disconnects_total{route}        clients that left early (upstream aborted)
 kvroute_ttft_seconds{route}                    time from the upstream send to its first body byte
 kvroute_inflight_requests{replica}             requests in flight per replica (collected at scrape)
+kvroute_replica_healthy{replica}               1 when the replica is in the pool, 0 when it is out
 kvroute_cached_tokens_total / kvroute_prompt_tokens_total{replica}  from the relayed ``usage``
 kvroute_model_cached_tokens_{predicted,actual}_mean{replica}  the cache model's prediction vs the report
 kvroute_model_error_ratio{replica}             sum |predicted - reported cached| / sum prompt tokens
@@ -27,17 +28,24 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-class _InflightCollector(Collector):
-    def __init__(self, source: Callable[[], Iterable[tuple[str, int]]]) -> None:
+class _ReplicaCollector(Collector):
+    """Per replica at scrape time: (id, requests in flight, healthy)."""
+
+    def __init__(self, source: Callable[[], Iterable[tuple[str, int, bool]]]) -> None:
         self._source = source
 
     def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily(
+        inflight = GaugeMetricFamily(
             "kvroute_inflight_requests", "Requests in flight per replica", labels=["replica"]
         )
-        for replica, n in self._source():
-            g.add_metric([replica], n)
-        yield g
+        healthy = GaugeMetricFamily(
+            "kvroute_replica_healthy", "1 when the replica is in the pool, else 0", labels=["replica"]
+        )
+        for replica, n, ok in self._source():
+            inflight.add_metric([replica], n)
+            healthy.add_metric([replica], 1.0 if ok else 0.0)
+        yield inflight
+        yield healthy
 
 
 class _AccuracyCollector(Collector):
@@ -63,7 +71,7 @@ class _AccuracyCollector(Collector):
 class GatewayMetrics:
     def __init__(
         self,
-        inflight: Callable[[], Iterable[tuple[str, int]]],
+        replicas: Callable[[], Iterable[tuple[str, int, bool]]],
         accuracy: Callable[[], Mapping[str, AccuracyStats]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -91,7 +99,7 @@ class GatewayMetrics:
         self.cached_tokens = Counter(
             "kvroute_cached_tokens", "Cached prompt tokens reported", ["replica"], registry=r
         )
-        r.register(_InflightCollector(inflight))
+        r.register(_ReplicaCollector(replicas))
         if accuracy is not None:
             r.register(_AccuracyCollector(accuracy))
 

@@ -3,9 +3,9 @@
 ``build_app(settings)`` wires the gateway: one ``Gateway`` value under ``GATEWAY``; one cleanup_ctx
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
-API, ``/health``, ``/status`` and ``/metrics``. Serve it with ``handler_cancellation=True`` (``main``
-does; so do ``serve_app`` and the tests) so a client that disconnects cancels its handler at once and
-the upstream request is aborted.
+API and the operational endpoints (``proxy/operations.py``). Serve it with ``proxy.serving.runner``
+(``main`` does, and the tests): handler cancellation, so a client that disconnects cancels its handler at
+once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers
+from proxy import admin, handlers, operations
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
+from proxy.serving import StartupError, serve
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
 from proxy.upstream import Upstream
@@ -39,7 +40,10 @@ def build_gateway(settings: Settings) -> Gateway:
         on_removed=router.forget,
         on_restart=router.restart,
     )
-    metrics = GatewayMetrics(lambda: [(r.id, r.inflight_requests) for r in fleet.replicas()], router.accuracy)
+    metrics = GatewayMetrics(
+        lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],
+        router.accuracy,
+    )
     return Gateway(settings=settings, fleet=fleet, router=router, metrics=metrics)
 
 
@@ -72,16 +76,11 @@ def build_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
     r = app.router
-    r.add_post("/v1/chat/completions", handlers.generation(Route.CHAT))
-    r.add_post("/v1/completions", handlers.generation(Route.COMPLETIONS))
-    r.add_route("*", "/generate", handlers.generation(Route.GENERATE))
-    r.add_get("/v1/models", handlers.list_models)
-    r.add_get("/v1/models/{model}", handlers.get_model)
+    r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
+    r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))
+    r.add_route("*", "/generate", handlers.generation(Route.GENERATE, ("POST", "PUT")))
+    operations.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
-    r.add_route("*", "/flush_cache", handlers.flush_cache)
-    r.add_get("/health", handlers.health)
-    r.add_get("/status", handlers.status)
-    r.add_get("/metrics", handlers.metrics)
     admin.add_routes(app)
     return app
 
@@ -101,22 +100,26 @@ def main(argv: list[str]) -> int:
     except (SettingsError, ValueError) as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 2
+    if not settings.backends and settings.admin_key is None:
+        print(
+            "kvroute serve: nothing to route to: give replicas with --backend URL (several: comma- or "
+            "space-separated), or --admin-key K to add them later with POST /admin/replicas",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("settings: %s", json.dumps(settings.redacted(), default=str))
     if not settings.backends:
-        log.warning("no --backend given: add replicas through the admin API")
+        log.warning("no --backend given: add replicas with POST /admin/replicas (the admin key)")
     _install_uvloop()
     tune_malloc()
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        handler_cancellation=True,
-        access_log=None,
-        print=lambda _: print(f"kvroute ready http://{settings.host}:{settings.port}", flush=True),
-    )
+    try:
+        asyncio.run(serve(app, settings.host, settings.port))
+    except StartupError as e:
+        print(f"kvroute serve: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

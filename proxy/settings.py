@@ -3,8 +3,11 @@
 Sources, highest precedence first: command-line flags, the TOML file named by ``--config`` (or
 ``KVROUTE_CONFIG``), ``KVROUTE_<NAME>`` environment variables, then defaults. Every key has the same
 name everywhere: flag ``--max-body-bytes`` = TOML ``max_body_bytes`` = env ``KVROUTE_MAX_BODY_BYTES``.
-``backend`` is repeatable on the command line, a list (or string) in TOML and comma-separated in the
-environment. An optional TOML table ``[routing]`` sets fields of ``routing.config.RoutingConfig``.
+``backend`` takes one or several URLs separated by commas or whitespace (as sglang-router's
+``--worker-urls``), is repeatable on the command line and may be a list in TOML. ``model_alias`` maps
+model names clients send to served models (``NAME=MODEL``, repeatable, comma-separated in the
+environment, a table ``[model_alias]`` in TOML). An optional TOML table ``[routing]`` sets fields of
+``routing.config.RoutingConfig``. The flags and their help live in ``proxy/flags.py``.
 
 Values are validated with messages that name the key and where it came from; ``redacted()`` gives the
 summary that is logged once (the admin key is never printed).
@@ -12,15 +15,16 @@ summary that is logged once (the admin key is never printed).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.flags import parser
 from routing.config import POLICY_NAMES, PolicyName, RoutingConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -49,6 +53,9 @@ class Settings:
     seed: int = 0
     session_header: str = "x-session-id"  # the conversation key that makes a session sticky
     session_field: str | None = None  # or a body field holding it (a dotted path: metadata.session_id)
+    model_aliases: tuple[tuple[str, str], ...] = ()  # (name clients send, served model)
+    single_model_fallback: bool = True  # any unknown name goes to the fleet's only model, as SGLang does
+    access_log: bool = False  # one line per request (never prompt text)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -70,16 +77,34 @@ class Settings:
 
 def parse_url(v: str) -> str:
     parts = urlsplit(v.strip())
-    if parts.scheme not in {"http", "https"} or not parts.netloc:
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
         raise ValueError(f"expected an http(s) URL, got {v!r}")
+    parts.port  # noqa: B018 (raises ValueError for a port that is not a number in range)
     return v.strip().rstrip("/")
 
 
-def _backends(v: object) -> tuple[str, ...]:
-    items = v.split(",") if isinstance(v, str) else v
+def _words(v: object, what: str) -> list[str]:
+    """Items separated by commas or whitespace, from a string or a list of strings."""
+    items = [v] if isinstance(v, str) else v
     if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
-        raise ValueError("expected a URL or a list of URLs")
-    return tuple(parse_url(i) for i in items if i.strip())
+        raise ValueError(f"expected {what} or a list of them")
+    return [w for i in items for w in re.split(r"[,\s]+", i) if w]
+
+
+def _backends(v: object) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(parse_url(u) for u in _words(v, "a URL")))
+
+
+def _aliases(v: object) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, object]]
+    if isinstance(v, Mapping):
+        pairs = [(str(k), val) for k, val in v.items()]
+    else:
+        pairs = [(w.partition("=")[0], w.partition("=")[2]) for w in _words(v, "NAME=MODEL")]
+    for name, model in pairs:
+        if not name or not isinstance(model, str) or not model:
+            raise ValueError(f"expected NAME=MODEL, got {name}={model!r}")
+    return tuple((str(n), str(m)) for n, m in pairs)
 
 
 def _int(lo: int, hi: int) -> Callable[[object], int]:
@@ -146,28 +171,10 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "seed": _int(0, (1 << 63) - 1),
     "session_header": _str,
     "session_field": _str,
+    "model_alias": _aliases,
+    "single_model_fallback": _bool,
+    "access_log": _bool,
 }
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvroute serve", argument_default=argparse.SUPPRESS)
-    p.add_argument("--host")
-    p.add_argument("--port")
-    p.add_argument("--backend", action="append", help="replica base URL (repeatable)")
-    p.add_argument("--config", help="TOML settings file")
-    p.add_argument("--policy", help=f"one of {', '.join(POLICY_NAMES)}")
-    p.add_argument("--admin-key", help="Bearer key for the admin API (disabled when unset)")
-    p.add_argument("--max-body-bytes")
-    p.add_argument("--health-interval", help="seconds between active health checks")
-    p.add_argument("--request-timeout", help="seconds of upstream inactivity before 504")
-    p.add_argument("--connect-timeout")
-    p.add_argument("--retries", help="retries on another replica when safe")
-    p.add_argument("--no-request-id-headers", action="store_const", const=True)
-    p.add_argument("--log-level")
-    p.add_argument("--seed")
-    p.add_argument("--session-header", help="request header with the conversation key (x-session-id)")
-    p.add_argument("--session-field", help="body field with the conversation key, e.g. metadata.session_id")
-    return p
 
 
 def _convert(key: str, value: object, source: str) -> Any:
@@ -209,6 +216,8 @@ def _from_toml(path: str) -> tuple[dict[str, tuple[object, str]], object]:
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise SettingsError(f"setting 'config': cannot read {path}: {e}") from None
     routing = data.pop("routing", None)
+    if isinstance(data.get("model_alias"), dict):
+        data["model_alias"] = dict(data["model_alias"])
     for k in data:
         if k.replace("-", "_") not in _CONVERTERS or k == "config":
             raise SettingsError(f"setting {k!r} (from {path}): unknown key")
@@ -218,7 +227,8 @@ def _from_toml(path: str) -> tuple[dict[str, tuple[object, str]], object]:
 def load_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> Settings:
     """Flags > TOML > env > defaults; raises SettingsError (argparse exits on unknown flags)."""
     env = os.environ if env is None else env
-    cli = {k: (v, "command line") for k, v in vars(_parser().parse_args(list(argv))).items()}
+    defaults = {f.name: getattr(Settings(), f.name) for f in dataclasses.fields(Settings)}
+    cli = {k: (v, "command line") for k, v in vars(parser(defaults).parse_args(list(argv))).items()}
     raw: dict[str, tuple[object, str]] = _from_env(env)
     cfg_path = cli.get("config", raw.get("config", (None, "")))[0]
     routing_table: object = None
@@ -228,7 +238,8 @@ def load_settings(argv: Sequence[str], env: Mapping[str, str] | None = None) -> 
     raw.update(cli)
     values = {k: _convert(k, v, src) for k, (v, src) in raw.items()}
     backends = values.pop("backend", ())
+    aliases = values.pop("model_alias", ())
     routing = RoutingConfig()
     if routing_table is not None:
         routing = _routing_config(routing_table, str(cfg_path), routing)
-    return Settings(backends=backends, routing=routing, **values)
+    return Settings(backends=backends, model_aliases=aliases, routing=routing, **values)

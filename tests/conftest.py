@@ -31,6 +31,7 @@ from emulator.server import build_app as build_emulator
 from emulator.server import make_runner
 from proxy.context import GATEWAY, Gateway
 from proxy.server import build_app as build_gateway
+from proxy.serving import GatewayRunner
 from proxy.settings import Settings
 
 MODEL = "emu-model"
@@ -43,8 +44,8 @@ def sha256(data: bytes) -> str:
 
 @asynccontextmanager
 async def serve(app: web.Application, port: int = 0) -> AsyncIterator[str]:
-    """Serves ``app`` on 127.0.0.1 (a free port unless given) with handler cancellation, as in production."""
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
+    """Serves a gateway ``app`` on 127.0.0.1 (a free port unless given) with the production runner."""
+    runner = GatewayRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     try:
         site = web.TCPSite(runner, "127.0.0.1", port)

@@ -62,8 +62,9 @@ async def test_discover_lists_the_gateway_replicas_pools(
 
 async def test_ab_through_the_gateway(emulator_server: Emulators, gateway: StartGateway) -> None:
     replicas = [await emulator_server(*FLAGS), await emulator_server(*FLAGS)]
-    gw = await gateway([e.url for e in replicas])
-    args = ab_parser().parse_args([gw.url, "--context-tokens", "20000", "--runs", "2", "--seed", "8"])
+    gw = await gateway([e.url for e in replicas], admin_key="k")  # a gateway flushes for its admin only
+    argv = [gw.url, "--context-tokens", "20000", "--runs", "2", "--seed", "8", "--api-key", "k"]
+    args = ab_parser().parse_args(argv)
     (result,) = await ab(args, Progress("t", enabled=False))
     assert result.target.gateway and result.notes == ()  # the gateway's fan-out flush emptied the cache
     assert result.cold.last.cached_tokens == 0 and result.hot.last.device == 20_000 - 1

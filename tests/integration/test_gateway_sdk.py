@@ -35,6 +35,7 @@ EMU_ARGS = [
     "--emu-debug",
 ]
 JSON = {"Content-Type": "application/json"}
+ADMIN = "admin-key"
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
 
 
@@ -127,8 +128,9 @@ async def test_sdk_tools_round_trip(gw_url: str) -> None:
 
 async def test_sdk_errors_are_typed(gw_url: str) -> None:
     async with _client(gw_url) as c:
-        with pytest.raises(openai.NotFoundError):
-            await c.chat.completions.create(model="missing", messages=[{"role": "user", "content": "x"}])
+        # a name no replica serves goes to the fleet's only model, as a lone SGLang would serve it
+        chat = await c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        assert chat.model == "gpt-4o" and chat.choices[0].message.content  # the replica echoes the name
         with pytest.raises(openai.BadRequestError):
             await c.chat.completions.create(model=MODEL, messages=[])
         with pytest.raises(openai.BadRequestError):  # the replica's own 400 (max_tokens <= 0), relayed
@@ -165,7 +167,8 @@ async def _fetch(
     s: aiohttp.ClientSession, url: str, path: str, body: dict[str, object], rid: str
 ) -> tuple[int, str, bytes]:
     raw = orjson.dumps({**body, "rid": rid})
-    async with s.post(url + "/flush_cache") as r:  # the gateway fans it out to its replicas
+    admin = {"Authorization": f"Bearer {ADMIN}"}  # a replica ignores it; the gateway flushes for its admin
+    async with s.post(url + "/flush_cache", headers=admin) as r:  # the gateway fans it out to its replicas
         assert r.status == 200
     async with s.post(url + path, data=raw, headers={"Content-Type": "application/json"}) as r:
         return r.status, r.headers["Content-Type"], _VOLATILE.sub(rb'"\1":0', await r.read())
@@ -179,7 +182,7 @@ async def _logged(s: aiohttp.ClientSession, url: str, path: str) -> list[str]:
 
 async def test_relayed_bytes_equal_direct_bytes(fleet: EmulatorFleet, gateway: StartGateway) -> None:
     backend = fleet.urls[0]
-    gw = (await gateway((backend,), health_interval=1.0)).url
+    gw = (await gateway((backend,), health_interval=1.0, admin_key=ADMIN)).url
     async with aiohttp.ClientSession() as s:
         for i, (path, body) in enumerate(RECORDED):
             before = await _logged(s, backend, path)

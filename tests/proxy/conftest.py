@@ -14,7 +14,9 @@ from aiohttp import web
 from proxy.context import GATEWAY, Gateway
 from tests.conftest import MODEL, Emu, Emulators, StartGateway, serve, wait_for
 
-__all__ = ["EMU_FLAGS", "MODEL", "SYSTEM", "Stack", "StackFactory", "post", "serve", "wait_for"]
+__all__ = ["ADMIN", "EMU_FLAGS", "MODEL", "SYSTEM", "Stack", "StackFactory", "post", "serve", "wait_for"]
+ADMIN_KEY = "test-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the admin API and /flush_cache
 
 # page 16, 100K GPU tokens, HiCache write_back with ratio 2 → a 200_016-token host pool
 EMU_FLAGS = (
@@ -80,9 +82,8 @@ async def stack_factory(emulator_server: Emulators, gateway: StartGateway) -> As
         names = list(models) if models is not None else [MODEL] * n
         replicas = [await emulator_server(*EMU_FLAGS, "--served-model-name", m, *emu_flags) for m in names]
         urls = [r.url for r in replicas]
-        gw = await gateway(
-            urls, **({"health_interval": 0.1, "policy": "round_robin", "retries": 2} | settings)
-        )
+        defaults = {"health_interval": 0.1, "policy": "round_robin", "retries": 2, "admin_key": ADMIN_KEY}
+        gw = await gateway(urls, **(defaults | settings))
         return Stack(gw.url, gw.app, replicas, urls, emulator_server)
 
     yield make

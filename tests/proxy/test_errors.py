@@ -35,8 +35,9 @@ async def _post(url: str, body: bytes, path: str = "/v1/chat/completions") -> tu
     ],
 )
 async def test_chat_validation_errors(
-    stack: Stack, body: bytes, status: int, param: str | None, code: str | None
+    stack_factory: StackFactory, body: bytes, status: int, param: str | None, code: str | None
 ) -> None:
+    stack = await stack_factory(single_model_fallback=False)  # unknown names are a 404
     got_status, err = await _post(stack.url, body)
     assert got_status == status
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
@@ -96,7 +97,8 @@ async def test_all_replicas_unreachable_is_502(stack: Stack) -> None:
     assert [e["outcome"] for e in seen] == ["reset"] * 3  # 1 + retries=2 attempts, no more
 
 
-async def test_unknown_model_on_models_endpoint(stack: Stack) -> None:
+async def test_unknown_model_on_models_endpoint(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(single_model_fallback=False)
     async with aiohttp.ClientSession() as s:
         async with s.get(stack.url + "/v1/models/nope") as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"

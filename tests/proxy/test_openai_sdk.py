@@ -112,8 +112,9 @@ async def test_models_list_union(stack_factory: StackFactory) -> None:
     ],
 )
 async def test_errors_are_typed_exceptions(
-    stack: Stack, kwargs: dict[str, object], exc: type[Exception], status: int
+    stack_factory: StackFactory, kwargs: dict[str, object], exc: type[Exception], status: int
 ) -> None:
+    stack = await stack_factory(single_model_fallback=False)
     async with _async(stack.url) as client:
         with pytest.raises(exc) as info:
             await client.chat.completions.create(**kwargs)  # type: ignore[call-overload]

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from routing.router import Ticket
 from routing.types import Report
 from tests.conftest import sha256
-from tests.proxy.conftest import MODEL, SYSTEM, Stack, StackFactory, post, wait_for
+from tests.proxy.conftest import ADMIN, MODEL, SYSTEM, Stack, StackFactory, post, wait_for
 
 JSON = {"Content-Type": "application/json"}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
@@ -258,8 +258,15 @@ async def test_flush_cache_fans_out(stack: Stack) -> None:
     assert all([(await r.state())["cache"]["gpu_cached"] > 0 for r in stack.replicas])
     model = stack.gw.router.cache
     assert all(len(t.gpu) > 0 for t in map(model.tiers, stack.urls) if t is not None)
-    async with aiohttp.ClientSession() as s, s.post(stack.url + "/flush_cache") as r:
-        doc = await r.json()
+    async with aiohttp.ClientSession() as s:
+        for method in ("GET", "PUT"):  # a flush wipes every replica: POST only
+            async with s.request(method, stack.url + "/flush_cache", headers=ADMIN) as r:
+                assert r.status == 405 and (await r.json())["error"]["type"] == "invalid_request_error"
+        async with s.post(stack.url + "/flush_cache") as r:  # ...and for the admin only
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+        assert [await r.requests("/flush_cache") for r in stack.replicas] == [[], []]
+        async with s.post(stack.url + "/flush_cache", headers=ADMIN) as r:
+            doc = await r.json()
     assert r.status == 200 and doc["flushed"] is True and set(doc["replicas"]) == set(stack.urls)
     assert [[e["status"] for e in await r.requests("/flush_cache")] for r in stack.replicas] == [[200], [200]]
     assert [(await r.state())["cache"]["gpu_cached"] for r in stack.replicas] == [0, 0]

@@ -1,0 +1,68 @@
+"""The opt-in access log (``--access-log``): one line per answered request, never prompt text.
+
+    kvroute.access: POST /v1/chat/completions 200 replica=http://10.0.0.2:30000 reason=prefix_gpu
+                    ttft_ms=412 prompt=6120 cached=6016 completion=211 attempts=1 id=3f9c... ms=2730
+
+``forward`` leaves what it knows on the request (``ACCESS``: replica, reason, TTFT, token counts, the
+number of attempts); the errors middleware writes the line once the answer is known, so rejected
+requests (400, 404, 413, 503) are logged too, with what was known of them. Logger ``kvroute.access`` at
+INFO: route it elsewhere with the logging configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from aiohttp import web
+
+log = logging.getLogger("kvroute.access")
+
+
+@dataclass(slots=True)
+class Access:
+    started_s: float
+    replica: str = "-"
+    reason: str = "-"
+    ttft_s: float | None = None
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    attempts: int = 0
+
+
+ACCESS: web.RequestKey[Access] = web.RequestKey("kvroute_access", Access)
+
+
+def access_of(request: web.Request) -> Access:
+    """The request's access record, created at its first use."""
+    found = request.get(ACCESS)
+    if found is None:
+        found = request[ACCESS] = Access(time.monotonic())
+    return found
+
+
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def log_access(request: web.Request, resp: web.StreamResponse) -> None:
+    a = request.get(ACCESS) or Access(time.monotonic())
+    ttft = "-" if a.ttft_s is None else f"{a.ttft_s * 1e3:.0f}"
+    log.info(
+        "%s %s %d replica=%s reason=%s ttft_ms=%s prompt=%s cached=%s completion=%s attempts=%d id=%s"
+        " ms=%.0f",
+        request.method,
+        request.path,
+        resp.status,
+        a.replica,
+        a.reason,
+        ttft,
+        _n(a.prompt_tokens),
+        _n(a.cached_tokens),
+        _n(a.completion_tokens),
+        a.attempts,
+        resp.headers.get("x-request-id") or request.headers.get("x-request-id", "-"),
+        (time.monotonic() - a.started_s) * 1e3,
+    )

@@ -1,0 +1,137 @@
+"""The operational endpoints: models, cache flush, liveness, readiness, status and metrics.
+
+GET  /v1/models             the union of the healthy replicas' models (deduplicated by id)
+GET  /v1/models/{model}     one of them, or the served model an alias or the single-model fallback
+                            means (``proxy/model_names.py``), under the name asked for
+POST /flush_cache           fanned out to every healthy replica (as sglang-router does); admin only
+                            (it wipes every replica's cache), 200 only if every replica flushed
+GET  /health                liveness: 200 while the process serves
+GET  /ready                 readiness: 200 once at least one replica is healthy, else 503
+GET  /status  /metrics      the gateway's state as JSON; Prometheus text
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.admin import authorize
+from proxy.context import GATEWAY, Gateway
+from proxy.errors import ModelNotFound, UpstreamError
+from proxy.model_names import resolve
+
+MODELS_TIMEOUT_S = 5.0
+FLUSH_TIMEOUT_S = 30.0
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc, default=str), content_type="application/json")
+
+
+async def _replica_models(gw: Gateway, replica: str) -> list[dict[str, Any]]:
+    try:
+        doc = await gw.up.get_json(replica, "/v1/models", MODELS_TIMEOUT_S)
+    except UpstreamError:
+        return []
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return []
+    return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+async def model_list(gw: Gateway) -> list[dict[str, Any]]:
+    healthy = [s.id for s in gw.fleet.snapshot(None) if s.healthy]
+    merged: dict[str, dict[str, Any]] = {}
+    for models in await asyncio.gather(*(_replica_models(gw, r) for r in healthy)):
+        for m in models:
+            merged.setdefault(m["id"], m)
+    return list(merged.values())
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return _json({"object": "list", "data": await model_list(request.app[GATEWAY])})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    gw, name = request.app[GATEWAY], request.match_info["model"]
+    models = {m["id"]: m for m in await model_list(gw)}
+    st = gw.settings
+    served = resolve(name, models, dict(st.model_aliases), st.single_model_fallback)
+    if served is None or served.split(":", 1)[0] not in models:
+        raise ModelNotFound(f"The model '{name}' does not exist", param="model")
+    model = models[served.split(":", 1)[0]]
+    return _json(model if model["id"] == name else {**model, "id": name, "root": model["id"]})
+
+
+async def flush_cache(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    authorize(request, gw)
+    query = request.path_qs[len(request.path) :]
+    targets = [s.id for s in gw.fleet.snapshot(None) if s.healthy]
+
+    async def one(replica: str) -> tuple[str, int]:
+        try:
+            status, _ = await gw.up.call(replica, "POST", "/flush_cache" + query, FLUSH_TIMEOUT_S)
+        except UpstreamError:
+            status = 502
+        if 200 <= status < 300:
+            gw.router.restart(replica)  # the radix tree and the host pool are reset, L3 storage is not
+        return replica, status
+
+    results = dict(await asyncio.gather(*(one(r) for r in targets)))
+    ok = bool(results) and all(200 <= s < 300 for s in results.values())
+    return _json({"flushed": ok, "replicas": results}, status=200 if ok else 502)
+
+
+async def health(request: web.Request) -> web.Response:
+    return _json({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    replicas = request.app[GATEWAY].fleet.replicas()
+    healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
+    doc = {
+        "status": "ready" if healthy else "not ready",
+        "healthy_replicas": healthy,
+        "replicas": len(replicas),
+    }
+    return _json(doc, status=200 if healthy else 503)
+
+
+async def status(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    replicas = [r.status() for r in gw.fleet.replicas()]
+    router = gw.router.status()
+    return _json(
+        {
+            "time": time.time(),
+            "policy": router.policy,
+            "healthy_replicas": sum(1 for r in replicas if r["healthy"]),
+            "replicas": replicas,
+            "models": sorted(gw.fleet.models()),
+            "cache_model": {rid: dataclasses.asdict(a) for rid, a in gw.router.accuracy().items()},
+            "router": dataclasses.asdict(router),
+            "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def add_routes(app: web.Application) -> None:
+    r = app.router
+    r.add_get("/v1/models", list_models)
+    r.add_get("/v1/models/{model}", get_model)
+    r.add_post("/flush_cache", flush_cache)
+    r.add_get("/health", health)
+    r.add_get("/ready", ready)
+    r.add_get("/status", status)
+    r.add_get("/metrics", metrics)

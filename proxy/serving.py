@@ -1,0 +1,102 @@
+"""Running the gateway's app: the runner, the HTTP protocol's own errors, the serve loop.
+
+- ``GatewayRunner`` is aiohttp's ``AppRunner`` whose connections answer malformed HTTP (a control
+  character in a header, Content-Length together with Transfer-Encoding, a bad request line) the way the
+  rest of kvroute answers errors: an OpenAI-shaped JSON body with the status, and one WARNING line naming
+  the problem, never the client's bytes. aiohttp's default is a text body and an ERROR traceback that
+  echo the offending header. Unexpected 500s keep aiohttp's traceback (those are bugs) but get the JSON
+  body too.
+- ``serve`` listens (a port already in use is one line, not a traceback), prints the ready line, and runs
+  until SIGINT or SIGTERM, then closes the app (its cleanup contexts close the upstream session and the
+  health poller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+import orjson
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+log = logging.getLogger("kvroute.http")
+
+
+class StartupError(RuntimeError):
+    """The gateway cannot start (the message is one line for the operator)."""
+
+
+class _GatewayRequestHandler(RequestHandler):
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if status == 500:
+            super().handle_error(request, status, exc, message)  # logs the traceback
+        else:
+            log.warning(
+                "bad HTTP request from %s: %s (%d)", request.remote, _first_line(exc, message), status
+            )
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started: cannot send the error")
+        kind = "invalid_request_error" if status < 500 else "internal_error"
+        text = _first_line(exc, message) if status < 500 else "internal server error"
+        body = {"error": {"message": text, "type": kind, "param": None, "code": status}}
+        resp = web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+        resp.force_close()
+        return resp
+
+
+def _first_line(exc: BaseException | None, message: str | None) -> str:
+    """The problem without the client's bytes: aiohttp puts the offending line after the first one."""
+    text = getattr(exc, "message", None) or message or (str(exc) if exc else "bad request")
+    return str(text).strip().splitlines()[0].rstrip(":") or "bad request"
+
+
+class _GatewayServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _GatewayRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _GatewayServer  # same state; only how connections handle protocol errors differs
+        return server
+
+
+def runner(app: web.Application, **kwargs: Any) -> GatewayRunner:
+    """The app's runner with handler cancellation (a client that leaves cancels its handler)."""
+    return GatewayRunner(app, handler_cancellation=True, access_log=None, **kwargs)
+
+
+async def serve(app: web.Application, host: str, port: int) -> None:
+    """Serves until SIGINT/SIGTERM; raises StartupError when it cannot listen."""
+    run = runner(app)
+    await run.setup()
+    try:
+        try:
+            await web.TCPSite(run, host, port).start()
+        except OSError as e:
+            raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        print(f"kvroute ready http://{host}:{port}", flush=True)
+        await _until_signalled()
+    finally:
+        await run.cleanup()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):  # Windows event loops have no signal handlers
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

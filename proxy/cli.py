@@ -13,8 +13,11 @@ Sub-commands are imported lazily by name, so that the gateway never imports the 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
+
+from proxy.flags import kvroute_version
 
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.server", "the OpenAI-compatible gateway"),
@@ -27,16 +30,27 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: kvroute <command> [options]", "", "commands:"]
+    lines = ["usage: kvroute <command> [options]    (kvroute <command> -h for its options)", "", "commands:"]
     lines += [f"  {name:<8} {help_}" for name, (_, help_) in _COMMANDS.items()]
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:  # `kvroute -h | head -3`: the reader left, nothing to report
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 0
+
+
+def _dispatch(args: list[str]) -> int:
     if not args or args[0] in {"-h", "--help"}:
-        print(_usage())
+        print(_usage(), flush=True)
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"kvroute {kvroute_version()}", flush=True)
+        return 0
     if args[0] not in _COMMANDS:
         print(f"kvroute: unknown command {args[0]!r}\n\n{_usage()}", file=sys.stderr)
         return 2

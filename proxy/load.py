@@ -14,7 +14,8 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   request, the seconds it has decoded and its output budget (0 when unbounded), filled only then.
 - **released** at the end (or on failure): nothing is left behind, exactly once.
 
-Arrivals are also kept as an exponentially decaying rate over ``window_s`` (requests per second), and the
+Live arrivals (not warm-up steps) are also kept as an exponentially decaying rate over ``window_s``
+(requests per second), with the time of the last one, and the
 replica's prefill **utilization** as the decaying fraction of time it had prefill work outstanding (some
 request sent and its first byte not back): measured, so it does not inherit the errors of early
 predictions. The placement rule prices the delay a new request imposes on those that will arrive behind
@@ -41,6 +42,7 @@ class Work:
     ttft_s: float  # predicted time to first token (queue included)
     budget: int  # output budget in tokens, 0 = unbounded / unknown
     streamed: bool = True
+    live: bool = True  # False: a warm-up step (counts as work, not as live arrivals)
     first_s: float | None = None
 
 
@@ -83,6 +85,7 @@ class ReplicaLoad:
     queued_work_s: float = 0.0
     last_first_s: float = 0.0
     busy_since_s: float | None = None  # prefill work outstanding since then
+    last_live_s: float = float("-inf")  # the last live request sent
     arrivals: DecayingRate = field(default_factory=DecayingRate)
     busy: DecayingRate = field(default_factory=DecayingRate)  # seconds with prefill outstanding, per second
 
@@ -95,7 +98,9 @@ class ReplicaLoad:
         self.queue[w] = None
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
-        self.arrivals.add(1.0, w.sent_s)
+        if w.live:
+            self.arrivals.add(1.0, w.sent_s)
+            self.last_live_s = w.sent_s
 
     def first_token(self, w: Work, now: float) -> None:
         if w in self.queue:

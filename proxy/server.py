@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations
+from proxy import admin, handlers, operations, warm_api
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
@@ -80,6 +80,7 @@ def build_app(settings: Settings) -> web.Application:
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))
     r.add_route("*", "/generate", handlers.generation(Route.GENERATE, ("POST", "PUT")))
     operations.add_routes(app)
+    warm_api.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
     admin.add_routes(app)
     return app

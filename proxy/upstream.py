@@ -107,9 +107,11 @@ class Upstream:
         timeout_s: float,
         json: Any = None,
         headers: Mapping[str, str] | None = None,
+        data: bytes | None = None,
     ) -> tuple[int, bytes]:
-        """A small control-plane call (health, info, abort): (status, body); raises UpstreamError."""
-        data = None if json is None else orjson.dumps(json)
+        """A small control-plane call (health, info, abort, a warm-up step): (status, body); ``json`` or
+        ``data`` (JSON bytes) is the body; raises UpstreamError."""
+        data = orjson.dumps(json) if json is not None else data
         hdrs = dict(headers or {})
         if data is not None:
             hdrs["Content-Type"] = "application/json"

@@ -48,6 +48,7 @@ from routing.types import (
     Candidate,
     Decision,
     Prediction,
+    PrefixMatch,
     Reason,
     ReplicaId,
     ReplicaState,
@@ -55,6 +56,7 @@ from routing.types import (
     RoutingRequest,
     TtftTerms,
 )
+from routing.warm_placement import rank_for_warmup
 
 MAX_OPEN = 8192  # tickets open at once; the oldest beyond are settled as if they ran
 RESIZE_FRACTION = 0.1  # the cache model is re-sized when the token estimate moves by more than this
@@ -104,6 +106,33 @@ class Router:
         choice = self.policy.decide(rreq, cands)
         prompted = req.prompt is not None
         return self._open_ticket(rreq, choice.decision, cands, size, prompted, choice.chosen.terms)
+
+    def place_warmup(
+        self, req: PromptRequest, states: Sequence[ReplicaState], warmed: Mapping[ReplicaId, float]
+    ) -> list[ReplicaId]:
+        """Replicas in the order a warm-up should use them (``routing.warm_placement``)."""
+        rreq, _ = self._prepare(req)
+        self.cache.sync(states)
+        matches = self.cache.match(rreq, states)
+        return rank_for_warmup(rreq, states, matches, warmed, self.rates, self.cfg.max_utilization)
+
+    def assign(self, req: PromptRequest, states: Sequence[ReplicaState], replica: ReplicaId) -> Ticket:
+        """A ticket for ``req`` on the given replica (a warm-up step): predicted and recorded there."""
+        rreq, size = self._prepare(req)
+        self.cache.sync(states)
+        matches = self.cache.match(rreq, states)
+        cands = tuple(Candidate(s, matches.get(s.id, NO_MATCH)) for s in states)
+        decision = Decision(replica, Reason.WARMUP, 0.0, (replica,))
+        return self._open_ticket(rreq, decision, cands, size, req.prompt is not None)
+
+    def prepare(self, req: PromptRequest) -> RoutingRequest:
+        """What routing sees of ``req`` (its block hashes and token estimate), for repeated queries."""
+        return self._prepare(req)[0]
+
+    def where(self, rreq: RoutingRequest, states: Sequence[ReplicaState]) -> dict[ReplicaId, PrefixMatch]:
+        """Per replica, what the cache model holds of a prepared request's prompt now (records nothing)."""
+        self.cache.sync(states)
+        return self.cache.match(rreq, states)
 
     def retarget(self, ticket: Ticket, replica: ReplicaId) -> Ticket:
         """The request moves to ``replica`` (a retry): the old record never ran and is rolled back."""

@@ -38,6 +38,7 @@ class Reason(StrEnum):
     CACHE_MATCH = "cache_match"  # sglang-style cache_aware: match above its threshold
     BALANCE = "balance"  # sglang-style cache_aware: imbalance escape to least load
     FALLBACK = "fallback"  # the preferred choice was unusable; the next best was taken
+    WARMUP = "warmup"  # a warm-up step, placed by routing.warm_placement
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,150 @@
+"""The warm-up API: place long documents before the first question (``proxy.warm_jobs`` does the work).
+
+    POST   /v1/warmup        a job: documents to prefill (``proxy.warm_docs``); 202 with the job at once,
+                             or, with ``"wait": true``, 200 once every document is warm or failed
+    GET    /v1/warmup        every job, summarised
+    GET    /v1/warmup/{id}   one job: per document its tokens, replicas, status, seconds, warnings, and
+                             where it sits now per the cache model (tokens per tier, per replica)
+    DELETE /v1/warmup/{id}   forget the job: its documents are no longer re-warmed
+
+With ``--admin-key`` set, every call needs it (``Authorization: Bearer``). Answers never contain the
+documents' text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from proxy.admin import authorize
+from proxy.context import GATEWAY
+from proxy.errors import NotFound
+from proxy.handlers import read_body
+from proxy.openai import parse_json
+from proxy.types import ParsedRequest, Route
+from proxy.warm_docs import WarmupRequest, parse_warmup
+from proxy.warm_jobs import Job, WarmDoc, WarmJobs
+from routing.prompt import PromptRequest
+
+WARMUPS: web.AppKey[WarmJobs] = web.AppKey("warmups", WarmJobs)
+WAIT_LIMIT_S = 3600.0
+
+
+def _authorize(request: web.Request) -> None:
+    if request.app[GATEWAY].settings.admin_key is not None:
+        authorize(request, request.app[GATEWAY])
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(doc), content_type="application/json")
+
+
+def doc_view(jobs: WarmJobs, d: WarmDoc, detail: bool) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": d.doc.id,
+        "kind": d.doc.kind,
+        "tokens": d.tokens,
+        "status": _doc_status(d),
+        "replicas": [
+            {"replica": p.replica, "status": p.status, "seconds": round(p.seconds, 3), "rewarms": p.rewarms}
+            | ({"error": p.error} if p.error else {})
+            for p in d.placements
+        ],
+        "warnings": d.warnings,
+    }
+    if detail:
+        where = jobs.where(d)
+        for r in view["replicas"]:
+            r["now"] = where.get(r["replica"], {"tier": "cold", "tokens": 0.0})
+    return view
+
+
+def _doc_status(d: WarmDoc) -> str:
+    states = {p.status for p in d.placements}
+    for s in ("warming", "queued", "failed", "cold"):
+        if s in states:
+            return s
+    return states.pop() if len(states) == 1 else "warm" if states else "unplaced"
+
+
+def job_view(jobs: WarmJobs, job: Job, detail: bool = False) -> dict[str, Any]:
+    now = time.monotonic()
+    return {
+        "id": job.id,
+        "object": "warmup",
+        "status": "done" if job.settled() else "running",
+        "age_s": round(now - job.created_s, 3),
+        "ttl_s": round(max(0.0, job.expires_s - now), 3),
+        "documents": [doc_view(jobs, d, detail) for d in job.docs],
+    }
+
+
+async def create(request: web.Request) -> web.Response:
+    _authorize(request)
+    gw, jobs = request.app[GATEWAY], request.app[WARMUPS]
+    raw = await read_body(request, gw.settings.max_body_bytes)
+    req = parse_warmup(parse_json(raw))
+    probe = ParsedRequest(Route.CHAT, req.model, False, None, PromptRequest(req.model, None))
+    model = gw.resolve_model(probe).model or req.model
+    job = jobs.submit(_with_model(req, model))
+    if not req.wait:
+        return _json(job_view(jobs, job), status=202)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(job.done.wait(), timeout=WAIT_LIMIT_S)
+    return _json(job_view(jobs, job, detail=True))
+
+
+def _with_model(req: WarmupRequest, model: str) -> WarmupRequest:
+    """The request for the served model its ``model`` names (aliases, the single-model fallback)."""
+    docs = tuple(dataclasses.replace(d, model=model) for d in req.documents)
+    return dataclasses.replace(req, model=model, documents=docs)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    _authorize(request)
+    jobs = request.app[WARMUPS]
+    return _json({"object": "list", "data": [job_view(jobs, j) for j in jobs.jobs.values()]})
+
+
+async def get_job(request: web.Request) -> web.Response:
+    _authorize(request)
+    jobs = request.app[WARMUPS]
+    job = jobs.jobs.get(request.match_info["job"])
+    if job is None:
+        raise NotFound(f"no warm-up job {request.match_info['job']!r}", param="id")
+    return _json(job_view(jobs, job, detail=True))
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    _authorize(request)
+    job_id = request.match_info["job"]
+    if not request.app[WARMUPS].forget(job_id):
+        raise NotFound(f"no warm-up job {job_id!r}", param="id")
+    return _json({"id": job_id, "object": "warmup", "deleted": True})
+
+
+async def warmups_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The warm-up worker runs as long as the app."""
+    task = asyncio.get_running_loop().create_task(app[WARMUPS].run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def add_routes(app: web.Application) -> None:
+    app[WARMUPS] = WarmJobs(app[GATEWAY])
+    app.cleanup_ctx.append(warmups_ctx)
+    r = app.router
+    r.add_post("/v1/warmup", create)
+    r.add_get("/v1/warmup", list_jobs)
+    r.add_get("/v1/warmup/{job}", get_job)
+    r.add_delete("/v1/warmup/{job}", delete_job)

@@ -1,0 +1,197 @@
+"""The documents of a warm-up request: validation, and the prefill-only requests that warm them.
+
+A ``POST /v1/warmup`` body::
+
+    {"model": "...", "documents": [{"id"?: "...", "text": "..."} | {"id"?: "...", "messages": [...]}],
+     "replicas"?: 1 | "all", "ttl"?: 3600, "wait"?: false, "cache_salt"?: "..."}
+
+- ``text``: a plain prompt prefix, as later ``/v1/completions`` or ``/generate`` requests start with it.
+  It is warmed with SGLang's cheapest prefill-only request (contract §7): ``POST /generate`` with
+  ``sampling_params.max_new_tokens: 0`` (``extra_key`` carries the ``cache_salt``: ``/generate`` has no
+  ``cache_salt``, and SGLang's OpenAI routes key a request by ``cache_salt + extra_key``).
+- ``messages``: the chat messages later requests start with: a document in the system message, or in
+  the user message before the question (the two layouts RAG frameworks use). Only the engine knows its
+  chat template, so these are warmed through ``/v1/chat/completions`` with ``max_tokens: 1`` (chat treats
+  0 as unset): one decoded token is the price of a prefix rendered exactly as later requests render it.
+
+Both are canonicalised and hashed exactly as live requests are (``proxy.openai`` builds the same typed
+prompt), so a live request that starts with a warmed prefix matches it in the cache model.
+
+**Steps.** A long document is warmed in prefixes of at most ``step_tokens``: each step sends the
+document up to a cut and the engine computes only the part beyond the previous cut (the earlier part is
+cached), so a live request that arrives during a warm-up waits for one step at most, not for the whole
+document. Text is cut at byte positions of the estimate; messages cut the last message's string content.
+
+Limits (each a 400 naming the field): at most ``MAX_DOCUMENTS`` documents, ``MAX_DOCUMENT_BYTES`` per
+document, ids of up to 128 characters, unique in the request. Documents are data, never URLs to fetch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.errors import InvalidRequest
+from proxy.openai import parse_request
+from proxy.types import JSONObject, ParsedRequest, Route
+
+MAX_DOCUMENTS = 1000
+MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
+MAX_TTL_S = 7 * 24 * 3600.0
+DEFAULT_TTL_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One prefill-only request: its path and body, and the typed request routing sees of it."""
+
+    path: str
+    body: bytes
+    parsed: ParsedRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One document to warm (its text lives here, in memory only, while its ttl lasts)."""
+
+    id: str
+    model: str
+    text: str | None
+    messages: tuple[JSONObject, ...]
+    cache_salt: str
+
+    @property
+    def kind(self) -> str:
+        return "text" if self.text is not None else "messages"
+
+    def size_bytes(self) -> int:
+        if self.text is not None:
+            return len(self.text.encode())
+        return len(orjson.dumps(list(self.messages)))
+
+    def whole(self) -> Step:
+        """The one request that warms the whole document."""
+        return self.steps(0)[-1]
+
+    def steps(self, step_bytes: int) -> list[Step]:
+        """The prefixes to send, shortest first; the last is the whole document."""
+        if self.text is not None:
+            return [self._text_step(self.text[:cut]) for cut in _cuts(len(self.text), step_bytes)]
+        last = self.messages[-1]
+        content = last.get("content")
+        if not isinstance(content, str):
+            return [self._chat_step(self.messages)]
+        head = self.messages[:-1]
+        return [
+            self._chat_step((*head, {**last, "content": content[:cut]}))
+            for cut in _cuts(len(content), step_bytes)
+        ]
+
+    def _text_step(self, text: str) -> Step:
+        body: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": 0}}
+        if self.cache_salt:
+            body["extra_key"] = self.cache_salt
+        raw = orjson.dumps(body)
+        parsed = parse_request(Route.GENERATE, raw)
+        return Step(
+            "/generate",
+            raw,
+            dataclasses.replace(parsed, model=self.model, routing=_with_model(parsed, self.model)),
+        )
+
+    def _chat_step(self, messages: tuple[JSONObject, ...]) -> Step:
+        body: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": 1}
+        if self.cache_salt:
+            body["cache_salt"] = self.cache_salt
+        raw = orjson.dumps(body)
+        return Step("/v1/chat/completions", raw, parse_request(Route.CHAT, raw))
+
+
+def _with_model(parsed: ParsedRequest, model: str) -> Any:
+    return dataclasses.replace(parsed.routing, model=model)
+
+
+def _cuts(length: int, step: int) -> list[int]:
+    if step <= 0 or length <= step:
+        return [length]
+    return [*range(step, length, step), length]
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupRequest:
+    model: str
+    documents: tuple[Document, ...]
+    replicas: int | None  # None = every replica serving the model
+    ttl_s: float
+    wait: bool
+
+
+def parse_warmup(body: JSONObject) -> WarmupRequest:
+    """Validates a ``POST /v1/warmup`` body; raises InvalidRequest naming the field."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("'model' must be a non-empty string", param="model")
+    salt = body.get("cache_salt", "")
+    if not isinstance(salt, str):
+        raise InvalidRequest("'cache_salt' must be a string", param="cache_salt")
+    docs = body.get("documents")
+    if not isinstance(docs, list) or not docs:
+        raise InvalidRequest("'documents' must be a non-empty array", param="documents")
+    if len(docs) > MAX_DOCUMENTS:
+        raise InvalidRequest(
+            f"at most {MAX_DOCUMENTS} documents per request, got {len(docs)}", param="documents"
+        )
+    parsed = tuple(_document(i, d, model, salt) for i, d in enumerate(docs))
+    ids = [d.id for d in parsed]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest("document ids must be unique within a request", param="documents")
+    return WarmupRequest(
+        model, parsed, _replicas(body.get("replicas", 1)), _ttl(body.get("ttl")), _wait(body)
+    )
+
+
+def _document(i: int, d: object, model: str, salt: str) -> Document:
+    where = f"documents[{i}]"
+    if not isinstance(d, dict):
+        raise InvalidRequest(f"'{where}' must be an object with 'text' or 'messages'", param=where)
+    doc_id = d.get("id", f"doc-{i}")
+    if not isinstance(doc_id, str) or not doc_id or len(doc_id) > 128:
+        raise InvalidRequest(f"'{where}.id' must be a string of 1-128 characters", param=f"{where}.id")
+    text, messages = d.get("text"), d.get("messages")
+    if (text is None) == (messages is None):
+        raise InvalidRequest(f"'{where}' needs exactly one of 'text' and 'messages'", param=where)
+    if text is not None and (not isinstance(text, str) or not text):
+        raise InvalidRequest(f"'{where}.text' must be a non-empty string", param=f"{where}.text")
+    if messages is not None:
+        probe = orjson.dumps({"model": model, "messages": messages})
+        parse_request(Route.CHAT, probe)  # the same validation as a live chat request
+    doc = Document(doc_id, model, text, tuple(messages or ()), salt)
+    if doc.size_bytes() > MAX_DOCUMENT_BYTES:
+        raise InvalidRequest(f"'{where}' exceeds {MAX_DOCUMENT_BYTES} bytes", param=where)
+    return doc
+
+
+def _replicas(value: object) -> int | None:
+    if value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest("'replicas' must be a positive integer or \"all\"", param="replicas")
+    return value
+
+
+def _ttl(value: object) -> float:
+    if value is None:
+        return DEFAULT_TTL_S
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_TTL_S:
+        raise InvalidRequest(f"'ttl' must be seconds in (0, {MAX_TTL_S:.0f}]", param="ttl")
+    return float(value)
+
+
+def _wait(body: JSONObject) -> bool:
+    value = body.get("wait", False)
+    if not isinstance(value, bool):
+        raise InvalidRequest("'wait' must be a boolean", param="wait")
+    return value

@@ -1,0 +1,248 @@
+"""Warm-up jobs: the registry, the worker that prefills documents, and re-warming.
+
+Each document of a job is assigned replicas (``Router.place_warmup``) and goes through states per
+replica: ``queued`` → ``warming`` → ``warm`` (or ``failed``); later ``cold`` when the cache model says it
+left every tier of that replica (evicted, or the replica restarted), then ``queued`` again while the
+job's ttl lasts (a re-warm), and ``expired`` after it. ``DELETE`` forgets a job and stops re-warming.
+
+**The worker yields to live traffic.** At most one warm-up step is in flight per replica, and a step
+starts only when the replica has no live prefill queued and none arrived in the last ``quiet_s``
+seconds; a step covers at most ``step_tokens`` new tokens (``proxy.warm_docs``). So a live request waits
+at most one step's prefill behind a warm-up (``live_step_tokens`` while live traffic flowed on that
+replica within ``window_s``, ``idle_step_tokens`` otherwise: a fleet with nothing else to do warms in
+big steps, at full prefill speed). Each step holds a load lease like any request, so live routing sees
+it as queued work, and its ticket records the prefix in the cache model (live requests that start with
+it route to it).
+
+Documents' text stays in this process's memory while their ttl lasts, for re-warming; it is never
+logged, put in ``/status`` or sent anywhere but to the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from proxy.context import Gateway
+from proxy.errors import UpstreamError
+from proxy.load import Work
+from proxy.relay import body_usage
+from proxy.warm_docs import Document, Step, WarmupRequest
+from routing.tiers import host_reusable
+from routing.types import ReplicaId, Report, RoutingRequest
+
+log = logging.getLogger("kvroute.warmup")
+STEP_TIMEOUT_S = 600.0
+REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
+COLD_FRACTION = 0.5  # below this fraction of the document in the cache model, it is cold there
+NOT_DURABLE = (
+    "HiCache cannot keep it here (off, or write_through on a hybrid model): it will not survive GPU pressure"
+)
+
+
+@dataclass(slots=True)
+class Placement:
+    replica: ReplicaId
+    status: str = "queued"
+    seconds: float = 0.0
+    warmed_at: float = 0.0
+    rewarms: int = 0
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class WarmDoc:
+    doc: Document
+    routing: RoutingRequest  # hashes and tokens of the whole document, computed once
+    placements: list[Placement]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return self.routing.prompt_tokens
+
+
+@dataclass(slots=True)
+class Job:
+    id: str
+    created_s: float
+    expires_s: float
+    replicas: int | None
+    docs: list[WarmDoc]
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settled(self) -> bool:
+        return all(p.status not in ("queued", "warming") for d in self.docs for p in d.placements)
+
+
+class WarmJobs:
+    """The registry and the worker (one per gateway; started by a cleanup_ctx in proxy/server.py)."""
+
+    def __init__(
+        self, gw: Gateway, *, step_tokens: int = 1024, idle_step_tokens: int = 8192, quiet_s: float = 1.0
+    ) -> None:
+        self.gw = gw
+        self.jobs: dict[str, Job] = {}
+        self.step_tokens, self.idle_step_tokens, self.quiet_s = step_tokens, idle_step_tokens, quiet_s
+        self._busy: set[ReplicaId] = set()
+        self._wake = asyncio.Event()
+        self.steps_sent = 0
+
+    # ---- the registry -------------------------------------------------------------------------------
+    def submit(self, req: WarmupRequest) -> Job:
+        now = time.monotonic()
+        job = Job("wu_" + uuid.uuid4().hex[:16], now, now + req.ttl_s, req.replicas, [])
+        warmed = self.warmed_tokens()
+        for doc in req.documents:
+            placed = self._place(doc, req.replicas, warmed)
+            for p in placed.placements:
+                warmed[p.replica] = warmed.get(p.replica, 0.0) + placed.tokens
+            job.docs.append(placed)
+        self.jobs[job.id] = job
+        self._wake.set()
+        return job
+
+    def forget(self, job_id: str) -> bool:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            job.done.set()
+        return job is not None
+
+    def warmed_tokens(self) -> dict[ReplicaId, float]:
+        """Per replica, the tokens of live warmed (or warming) documents assigned there."""
+        out: dict[ReplicaId, float] = {}
+        for job in self.jobs.values():
+            for d in job.docs:
+                for p in d.placements:
+                    if p.status != "expired":
+                        out[p.replica] = out.get(p.replica, 0.0) + d.tokens
+        return out
+
+    def _place(self, doc: Document, count: int | None, warmed: dict[ReplicaId, float]) -> WarmDoc:
+        router, fleet = self.gw.router, self.gw.fleet
+        states = fleet.snapshot(doc.model)
+        request = doc.whole().parsed.routing
+        order = router.place_warmup(request, states, warmed)
+        chosen = order if count is None else order[:count]
+        wd = WarmDoc(doc, router.prepare(request), [Placement(r) for r in chosen])
+        by_id = {s.id: s for s in states}
+        if any(not host_reusable(by_id[r]) for r in chosen):
+            wd.warnings.append(NOT_DURABLE)
+        if count is not None and len(chosen) < count:
+            wd.warnings.append(f"asked for {count} replicas, {len(chosen)} can serve '{doc.model}'")
+        if not chosen:
+            wd.warnings.append(f"no healthy replica serves '{doc.model}'")
+        return wd
+
+    # ---- the worker ---------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Dispatches steps and re-warms until cancelled."""
+        last_check = 0.0
+        while True:
+            self._dispatch()
+            if time.monotonic() - last_check >= REWARM_CHECK_S:
+                self._rewarm()
+                last_check = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=0.2)
+            self._wake.clear()
+
+    def _dispatch(self) -> None:
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            for d in job.docs:
+                for p in d.placements:
+                    if now >= job.expires_s and p.status in ("queued", "cold", "warm"):
+                        p.status = "expired"
+                    elif p.status == "queued" and self._may_start(p.replica, now):
+                        p.status = "warming"
+                        self._busy.add(p.replica)
+                        self.gw.background.spawn(self._warm(job, d, p))
+            if job.settled():
+                job.done.set()
+
+    def _may_start(self, replica: ReplicaId, now: float) -> bool:
+        if replica in self._busy:
+            return False
+        r = self.gw.fleet.get(replica)
+        if r is None or not r.healthy:
+            return False
+        load = r.load
+        return not load.queue and now - load.last_live_s >= self.quiet_s
+
+    def _step_bytes(self, replica: ReplicaId) -> int:
+        r = self.gw.fleet.get(replica)
+        live = r is not None and r.load.arrivals.at(time.monotonic()) > 0.05  # live requests only
+        tokens = self.step_tokens if live else self.idle_step_tokens
+        return int(tokens * self.gw.router.tokens.bytes_per_token)
+
+    async def _warm(self, job: Job, d: WarmDoc, p: Placement) -> None:
+        started = time.monotonic()
+        try:
+            for step in d.doc.steps(self._step_bytes(p.replica)):
+                await self._send(step, p.replica)
+            p.status, p.error, p.warmed_at = "warm", None, time.monotonic()
+        except UpstreamError as e:
+            p.status, p.error = "failed", e.message
+            log.warning("warm-up of a document on %s failed: %s", p.replica, e.message)
+        finally:
+            p.seconds = time.monotonic() - started
+            self._busy.discard(p.replica)
+            self._wake.set()
+
+    async def _send(self, step: Step, replica: ReplicaId) -> None:
+        gw = self.gw
+        states = gw.fleet.snapshot(step.parsed.model)
+        ticket = gw.router.assign(step.parsed.routing, states, replica)
+        terms = ticket.prediction.terms
+        work = Work(
+            time.monotonic(), round(terms.uncached_tokens), terms.prefill_s + terms.reload_s, terms.total,
+            budget=0, streamed=False, live=False,
+        )  # fmt: skip
+        lease = gw.fleet.acquire(replica, work)
+        report = Report(ok=False)
+        t0 = time.monotonic()
+        try:
+            status, body = await gw.up.call(replica, "POST", step.path, STEP_TIMEOUT_S, data=step.body)
+            if status >= 400:
+                raise UpstreamError(f"{step.path} answered HTTP {status}")
+            u = body_usage(body)
+            report = Report(True, u.prompt_tokens, u.cached_tokens, time.monotonic() - t0)
+            self.steps_sent += 1
+        finally:
+            lease.release()
+            gw.router.finish(ticket, report)
+
+    def _rewarm(self) -> None:
+        """Documents that left every tier of a replica are warmed again while their job lives."""
+        now = time.monotonic()
+        for job in self.jobs.values():
+            if now >= job.expires_s:
+                continue
+            for d in job.docs:
+                cold = [p for p in d.placements if p.status == "warm" and self._is_cold(d, p)]
+                for p in cold:
+                    p.status, p.rewarms = "queued", p.rewarms + 1
+                    job.done.clear()
+                if cold:
+                    self._wake.set()
+
+    def _is_cold(self, d: WarmDoc, p: Placement) -> bool:
+        states = self.gw.fleet.snapshot(d.doc.model)
+        held = self.gw.router.where(d.routing, states).get(p.replica)
+        return held is None or held.total_tokens < COLD_FRACTION * d.tokens
+
+    def where(self, d: WarmDoc) -> dict[ReplicaId, dict[str, float | str]]:
+        """Per replica, where the document sits now per the cache model: tokens per tier, and the tier
+        most of it is in (``gpu``, ``host``, ``storage`` or ``cold``)."""
+        states = self.gw.fleet.snapshot(d.doc.model)
+        out: dict[ReplicaId, dict[str, float | str]] = {}
+        for rid, m in self.gw.router.where(d.routing, states).items():
+            tiers = {"gpu": m.gpu_tokens, "host": m.host_tokens, "storage": m.storage_tokens}
+            top = max(tiers, key=lambda t: tiers[t])
+            out[rid] = {**tiers, "tokens": m.total_tokens, "tier": top if m.total_tokens else "cold"}
+        return out

@@ -15,9 +15,26 @@ import pytest
 from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, StackFactory, wait_for
 
 JSON = {"Content-Type": "application/json"}
-WORDS = (
-    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
-)
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "omicron",
+    "pi",
+    "rho",
+    "sigma",
+]
 
 
 def document(seed: int, words: int = 3000) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from proxy.errors import UpstreamError
 from proxy.health_log import HealthLog
-from proxy.load import DEFAULT_WINDOW_S, ReplicaLoad, Work
+from proxy.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, Work, combined
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 from proxy.upstream import Upstream
 from routing.tiers import tier_warnings
@@ -42,7 +42,7 @@ HEALTH_TIMEOUT_S = 5.0
 class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
-    __slots__ = ("draining", "failures", "healthy", "id", "info", "last_error", "load")
+    __slots__ = ("draining", "failures", "healthy", "id", "info", "last_error", "load", "remote")
 
     def __init__(self, url: str, window_s: float = DEFAULT_WINDOW_S) -> None:
         self.id: ReplicaId = url.rstrip("/")
@@ -51,6 +51,7 @@ class Replica:
         self.draining = False
         self.failures = 0
         self.load = ReplicaLoad(window_s)
+        self.remote: LoadView | None = None  # other gateways' load on it (proxy/state_sync.py)
         self.last_error: str | None = None
 
     @property
@@ -60,6 +61,8 @@ class Replica:
     def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
         load = self.load.view(time.monotonic() if now is None else now, i.max_running_requests if i else 0)
+        if self.remote is not None:
+            load = combined(load, self.remote)
         return ReplicaState(
             id=self.id,
             healthy=self.healthy and i is not None,

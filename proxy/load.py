@@ -153,3 +153,17 @@ class ReplicaLoad:
         if not self.queue and self.busy_since_s is not None:  # a busy stretch ends
             self.busy.add(max(0.0, now - self.busy_since_s), now)
             self.busy_since_s = None
+
+
+def combined(local: LoadView, remote: LoadView) -> LoadView:
+    """This gateway's view of a replica's load plus the other gateways' (``proxy/state_sync.py``):
+    counts, queued work and arrival rates add up; busy fractions combine as independent
+    (1 - (1 - a)(1 - b)); the decoding detail is this gateway's (others' requests count, unknown)."""
+    return LoadView(
+        local.inflight_requests + remote.inflight_requests,
+        local.inflight_prefill_tokens + remote.inflight_prefill_tokens,
+        local.inflight_prefill_s + remote.inflight_prefill_s,
+        local.decoding,
+        local.arrival_rate + remote.arrival_rate,
+        1.0 - (1.0 - min(local.utilization, 1.0)) * (1.0 - min(remote.utilization, 1.0)),
+    )

@@ -24,6 +24,7 @@ from proxy.admin import authorize
 from proxy.context import GATEWAY, Gateway
 from proxy.errors import ModelNotFound, UpstreamError
 from proxy.model_names import resolve
+from proxy.state_sync import STATE_SYNC
 
 MODELS_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
@@ -116,6 +117,7 @@ async def status(request: web.Request) -> web.Response:
             "models": sorted(gw.fleet.models()),
             "cache_model": {rid: dataclasses.asdict(a) for rid, a in gw.router.accuracy().items()},
             "router": dataclasses.asdict(router),
+            "state": sync.status() if (sync := request.app.get(STATE_SYNC)) is not None else None,
             "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
         }
     )

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations, warm_api
+from proxy import admin, handlers, operations, state_sync, warm_api
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
@@ -79,6 +79,7 @@ def build_app(settings: Settings) -> web.Application:
     r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))
     r.add_route("*", "/generate", handlers.generation(Route.GENERATE, ("POST", "PUT")))
+    state_sync.add_to(app)
     operations.add_routes(app)
     warm_api.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)

@@ -56,6 +56,8 @@ class Settings:
     model_aliases: tuple[tuple[str, str], ...] = ()  # (name clients send, served model)
     single_model_fallback: bool = True  # any unknown name goes to the fleet's only model, as SGLang does
     access_log: bool = False  # one line per request (never prompt text)
+    state: str | None = None  # shared state store: a redis:// URL (or memory); None = this gateway alone
+    state_namespace: str = "kvroute"  # key namespace in the store: gateways of one fleet share it
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -71,8 +73,19 @@ class Settings:
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
         out["admin_key"] = "***" if self.admin_key else None
+        out["state"] = _redact_url(self.state)
         out["routing"] = dataclasses.asdict(self.routing)
         return out
+
+
+def _redact_url(url: str | None) -> str | None:
+    """A URL without its password (``redis://:secret@host`` -> ``redis://:***@host``)."""
+    if url is None or "@" not in url:
+        return url
+    head, _, tail = url.rpartition("@")
+    scheme, _, creds = head.partition("://")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{tail}"
 
 
 def parse_url(v: str) -> str:
@@ -174,6 +187,8 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "model_alias": _aliases,
     "single_model_fallback": _bool,
     "access_log": _bool,
+    "state": _str,
+    "state_namespace": _str,
 }
 
 

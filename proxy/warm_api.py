@@ -2,10 +2,13 @@
 
     POST   /v1/warmup        a job: documents to prefill (``proxy.warm_docs``); 202 with the job at once,
                              or, with ``"wait": true``, 200 once every document is warm or failed
-    GET    /v1/warmup        every job, summarised
+    GET    /v1/warmup        every job, summarised (with ``--state``: the other gateways' too)
     GET    /v1/warmup/{id}   one job: per document its tokens, replicas, status, seconds, warnings, and
                              where it sits now per the cache model (tokens per tier, per replica)
     DELETE /v1/warmup/{id}   forget the job: its documents are no longer re-warmed
+
+With ``--state``, a job is warmed and re-warmed by the gateway that received it (only it holds the text)
+and any gateway answers for it (``WarmupsPart``, at most ~1 s behind).
 
 With ``--admin-key`` set, every call needs it (``Authorization: Bearer``). Answers never contain the
 documents' text.
@@ -28,6 +31,7 @@ from proxy.context import GATEWAY
 from proxy.errors import NotFound
 from proxy.handlers import read_body
 from proxy.openai import parse_json
+from proxy.state_sync import STATE_SYNC
 from proxy.types import ParsedRequest, Route
 from proxy.warm_docs import WarmupRequest, parse_warmup
 from proxy.warm_jobs import Job, WarmDoc, WarmJobs
@@ -108,26 +112,49 @@ def _with_model(req: WarmupRequest, model: str) -> WarmupRequest:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
+    """This gateway's jobs, then the other gateways' (as they last published them, ``gateway`` set)."""
     _authorize(request)
     jobs = request.app[WARMUPS]
-    return _json({"object": "list", "data": [job_view(jobs, j) for j in jobs.jobs.values()]})
+    data = [job_view(jobs, j) for j in jobs.jobs.values()] + list(jobs.peer_jobs().values())
+    return _json({"object": "list", "data": data})
 
 
 async def get_job(request: web.Request) -> web.Response:
     _authorize(request)
-    jobs = request.app[WARMUPS]
-    job = jobs.jobs.get(request.match_info["job"])
-    if job is None:
-        raise NotFound(f"no warm-up job {request.match_info['job']!r}", param="id")
-    return _json(job_view(jobs, job, detail=True))
+    jobs, job_id = request.app[WARMUPS], request.match_info["job"]
+    job = jobs.jobs.get(job_id)
+    if job is not None:
+        return _json(job_view(jobs, job, detail=True))
+    elsewhere = jobs.peer_jobs().get(job_id)
+    if elsewhere is None:
+        raise NotFound(f"no warm-up job {job_id!r}", param="id")
+    return _json(elsewhere)
 
 
 async def delete_job(request: web.Request) -> web.Response:
     _authorize(request)
-    job_id = request.match_info["job"]
-    if not request.app[WARMUPS].forget(job_id):
+    jobs, job_id = request.app[WARMUPS], request.match_info["job"]
+    if not jobs.forget(job_id) and not jobs.cancel_elsewhere(job_id):
         raise NotFound(f"no warm-up job {job_id!r}", param="id")
     return _json({"id": job_id, "object": "warmup", "deleted": True})
+
+
+class WarmupsPart:
+    """The warm-up registry as another gateway sees it (``proxy.shared_docs``): this gateway's jobs
+    (ids, document ids, tokens, per replica states; never text) and the others' it deleted. Only the
+    gateway that holds a job's text warms and re-warms it."""
+
+    kind, every_s, ttl_s = "warmups", 1.0, 30.0
+
+    def __init__(self, jobs: WarmJobs) -> None:
+        self.jobs = jobs
+
+    def export(self) -> dict[str, Any]:
+        jobs = self.jobs
+        return {"jobs": [job_view(jobs, j) for j in jobs.jobs.values()], "cancel": list(jobs.cancelled)}
+
+    def adopt(self, docs: dict[str, Any]) -> None:
+        self.jobs.adopt(docs)
 
 
 async def warmups_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -142,6 +169,8 @@ async def warmups_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def add_routes(app: web.Application) -> None:
     app[WARMUPS] = WarmJobs(app[GATEWAY])
+    if (sync := app.get(STATE_SYNC)) is not None:
+        sync.parts.append(WarmupsPart(app[WARMUPS]))
     app.cleanup_ctx.append(warmups_ctx)
     r = app.router
     r.add_post("/v1/warmup", create)

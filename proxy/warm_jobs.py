@@ -26,6 +26,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.context import Gateway
 from proxy.errors import UpstreamError
@@ -39,6 +40,7 @@ log = logging.getLogger("kvroute.warmup")
 STEP_TIMEOUT_S = 600.0
 REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
 COLD_FRACTION = 0.5  # below this fraction of the document in the cache model, it is cold there
+CANCEL_NOTICE_S = 30.0  # how long a DELETE of another gateway's job is published
 NOT_DURABLE = (
     "HiCache cannot keep it here (off, or write_through on a hybrid model): it will not survive GPU pressure"
 )
@@ -91,6 +93,8 @@ class WarmJobs:
         self._busy: set[ReplicaId] = set()
         self._wake = asyncio.Event()
         self.steps_sent = 0
+        self.peers: dict[str, list[dict[str, Any]]] = {}  # other gateways' jobs (their views)
+        self.cancelled: dict[str, float] = {}  # others' jobs deleted here -> until when to say so
 
     # ---- the registry -------------------------------------------------------------------------------
     def submit(self, req: WarmupRequest) -> Job:
@@ -113,14 +117,43 @@ class WarmJobs:
         return job is not None
 
     def warmed_tokens(self) -> dict[ReplicaId, float]:
-        """Per replica, the tokens of live warmed (or warming) documents assigned there."""
+        """Per replica, the tokens of live warmed (or warming) documents assigned there, by this
+        gateway or another."""
         out: dict[ReplicaId, float] = {}
         for job in self.jobs.values():
             for d in job.docs:
                 for p in d.placements:
                     if p.status != "expired":
                         out[p.replica] = out.get(p.replica, 0.0) + d.tokens
+        for view in self.peer_jobs().values():
+            for doc in view["documents"]:
+                for p in doc["replicas"]:
+                    if p["status"] != "expired":
+                        out[p["replica"]] = out.get(p["replica"], 0.0) + float(doc["tokens"])
         return out
+
+    # ---- other gateways' jobs (proxy/state_sync.py) -------------------------------------------------
+    def peer_jobs(self) -> dict[str, dict[str, Any]]:
+        """Job id -> the view its gateway last published (with a ``gateway`` field)."""
+        return {v["id"]: v | {"gateway": g} for g, views in self.peers.items() for v in views}
+
+    def cancel_elsewhere(self, job_id: str) -> bool:
+        """Deletes another gateway's job: said in this gateway's published documents for a while."""
+        if job_id not in self.peer_jobs():
+            return False
+        self.cancelled[job_id] = time.monotonic() + CANCEL_NOTICE_S
+        for g, views in self.peers.items():
+            self.peers[g] = [v for v in views if v["id"] != job_id]
+        return True
+
+    def adopt(self, docs: dict[str, Any]) -> None:
+        """The other gateways' registries: their jobs, and ours they deleted."""
+        now = time.monotonic()
+        self.cancelled = {j: t for j, t in self.cancelled.items() if t > now}
+        self.peers = {g: [v for v in d["jobs"] if v["id"] not in self.cancelled] for g, d in docs.items()}
+        for d in docs.values():
+            for job_id in d["cancel"]:
+                self.forget(job_id)
 
     def _place(self, doc: Document, count: int | None, warmed: dict[ReplicaId, float]) -> WarmDoc:
         router, fleet = self.gw.router, self.gw.fleet

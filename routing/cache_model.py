@@ -38,7 +38,7 @@ from routing.config import RoutingConfig
 from routing.ledger import Provisional
 from routing.resume import SequenceEnds, grid_tokens
 from routing.tiers import ReplicaTiers, host_reusable
-from routing.types import NO_MATCH, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
+from routing.types import NO_MATCH, BlockHash, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
 
 LOAD_BACK_MIN_TOKENS = 10  # SGLang skips (recomputes) host loads shorter than this
 PREFETCH_MIN_TOKENS = 256  # SGLang prefetches from storage only from this many tokens
@@ -175,17 +175,17 @@ class CacheModel:
         confirmed = min(m.total_tokens, held_from * req.block_tokens)
         return Recorded(req, replica, m, confirmed, held_from, new_end)
 
-    def settle(self, rec: Recorded, report: Report) -> None:
-        """The request's outcome: roll back what never ran, confirm and learn from what did."""
+    def settle(self, rec: Recorded, report: Report) -> list[BlockHash]:
+        """The request's outcome: roll back what never ran (returns the blocks that left), confirm and
+        learn from what did."""
         if not report.ran:
-            self._rollback(rec)
-            return
+            return self._rollback(rec)
         self._provisional.confirm(rec.replica, rec.request.block_hashes[rec.held_from :])
         r = self._replicas.get(rec.replica)
-        if r is None or not report.ok or report.cached_tokens is None:
-            return
-        if self.calibration.learn(rec.replica, self._sample(r, rec, report)):
+        learn = r is not None and report.ok and report.cached_tokens is not None
+        if learn and r is not None and self.calibration.learn(rec.replica, self._sample(r, rec, report)):
             self._resize()
+        return []
 
     def _sample(self, r: _Replica, rec: Recorded, report: Report) -> Sample:
         req, m = rec.request, rec.match
@@ -194,15 +194,33 @@ class CacheModel:
         prompt = float(report.prompt_tokens or req.prompt_tokens)
         return Sample(gpu, host, rec.confirmed, float(report.cached_tokens or 0), prompt, tolerance)
 
-    def _rollback(self, rec: Recorded) -> None:
+    def _rollback(self, rec: Recorded) -> list[BlockHash]:
         """Undoes the optimistic insert of a request that never ran: the blocks it alone held leave."""
         gone = self._provisional.release(rec.replica, rec.request.block_hashes[rec.held_from :])
         r = self._replicas.get(rec.replica)
         if r is None:
-            return
+            return []
         r.tiers.discard(gone)
         if rec.new_end:
             r.ends.discard(rec.request.block_hashes[-1])
+        return gone
+
+    # ---- what other gateways saw ----------------------------------------------------------------------
+    def insert_seen(self, req: RoutingRequest, replica: ReplicaId) -> bool:
+        """Another gateway recorded ``req`` on ``replica``: its blocks enter the tiers (not provisional:
+        that gateway reports a rollback itself); False when the replica is not known here yet."""
+        r = self._replicas.get(replica)
+        if r is None or not req.block_hashes:
+            return r is not None
+        r.tiers.insert(req.block_hashes, req.block_tokens)
+        if r.state.resume_interval > 0 and r.state.resume_at_end:
+            r.ends.add(req.block_hashes, req.prompt_tokens, req.block_tokens)
+        return True
+
+    def discard_seen(self, replica: ReplicaId, blocks: Sequence[BlockHash]) -> None:
+        r = self._replicas.get(replica)
+        if r is not None:
+            r.tiers.discard(blocks)
 
     # ---- internals ----------------------------------------------------------------------------------
     def _resume_limit(self, req: RoutingRequest, r: _Replica, n: int) -> float:

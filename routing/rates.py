@@ -30,6 +30,7 @@ elsewhere, once (``routing.tokens``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from routing.config import RoutingConfig
@@ -41,6 +42,17 @@ MIN_DECODE_TOKENS = 8
 WARMUP = 5  # samples averaged before the EWMA takes over
 PRIOR_SAMPLES = 20  # weight of the fleet's pooled estimate in a replica's, in samples
 LOW, HIGH = 0.02, 50.0  # bounds relative to the configured start
+
+
+Row = tuple[float, float, float, float, float, int]  # prefill, host, storage, overhead, decode, samples
+
+
+@dataclass(frozen=True, slots=True)
+class SharedRates:
+    """One gateway's own estimates, as shared with the others (``proxy/state_sync.py``)."""
+
+    fleet: Row
+    replicas: dict[ReplicaId, Row]
 
 
 @dataclass(slots=True)
@@ -93,6 +105,7 @@ class RateBook:
         self._own: dict[ReplicaId, ReplicaRates] = {}
         self._fleet = self._start()
         self._views: dict[ReplicaId, ReplicaRates] = {}
+        self._peers: list[SharedRates] = []  # other gateways' own estimates (``adopt``)
 
     def _start(self) -> ReplicaRates:
         cfg = self._cfg
@@ -116,12 +129,33 @@ class RateBook:
         """The estimates the cost model uses for ``replica`` (a cached blend, see the class docstring)."""
         view = self._views.get(replica)
         if view is None:
-            view = self._blend(self._own.get(replica))
+            view = self._blend(self._pooled(replica) if self._peers else self._own.get(replica))
             self._views[replica] = view
         return view
 
+    # ---- other gateways' estimates ----------------------------------------------------------------------
+    def export(self) -> SharedRates:
+        """What this gateway learned itself (never what it adopted), for the other gateways."""
+        return SharedRates(_row(self._fleet), {r: _row(v) for r, v in self._own.items() if v.samples})
+
+    def adopt(self, peers: Sequence[SharedRates]) -> None:
+        """The other gateways' latest exports: ``get`` pools them with this gateway's own estimates,
+        weighted by samples (rates as seconds per token), before the shrink toward the fleet."""
+        self._peers = list(peers)
+        self._views.clear()
+
+    def _pooled(self, replica: ReplicaId) -> ReplicaRates | None:
+        rows = [_row(v) for v in (self._own.get(replica),) if v is not None]
+        rows += [p.replicas[replica] for p in self._peers if replica in p.replicas]
+        return _pool(rows) if rows else None
+
+    def _pooled_fleet(self) -> ReplicaRates:
+        if not self._peers:
+            return self._fleet
+        return _pool([_row(self._fleet), *(p.fleet for p in self._peers)]) or self._fleet
+
     def _blend(self, own: ReplicaRates | None) -> ReplicaRates:
-        fleet = self._fleet
+        fleet = self._pooled_fleet()
         if own is None or own.samples == 0:
             return fleet
         w = own.samples / (own.samples + PRIOR_SAMPLES)
@@ -199,3 +233,28 @@ class RateBook:
             rates.host_tokens_per_s = rates.step(
                 "host", rates.host_tokens_per_s, sample, cfg.host_load_tokens_per_s
             )
+
+
+def _row(r: ReplicaRates) -> Row:
+    return (
+        r.prefill_tokens_per_s,
+        r.host_tokens_per_s,
+        r.storage_tokens_per_s,
+        r.overhead_s,
+        r.decode_s_per_token,
+        r.samples,
+    )
+
+
+def _pool(rows: Sequence[Row]) -> ReplicaRates | None:
+    """Sample-weighted pool of several gateways' estimates of one replica (None without samples):
+    rates averaged as seconds per token, overhead and decode time as seconds."""
+    n = sum(r[5] for r in rows)
+    if n <= 0:
+        return None
+
+    def mean(i: int, inverse: bool) -> float:
+        total = sum(r[5] * (1.0 / r[i] if inverse else r[i]) for r in rows) / n
+        return 1.0 / total if inverse else total
+
+    return ReplicaRates(mean(0, True), mean(1, True), mean(2, True), mean(3, False), mean(4, False), n)

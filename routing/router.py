@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import xxhash
+
 from routing.cache_model import CacheModel, Recorded
 from routing.calibration import AccuracyStats
 from routing.canonical import namespace_salt, render
@@ -39,6 +41,7 @@ from routing.ledger import OpenTickets
 from routing.policies.factory import build_policy
 from routing.prompt import PromptRequest, TokenPrompt
 from routing.rates import RateBook
+from routing.sharing import Discarded, Event, Outbox, Restarted, Routed, apply_events
 from routing.status import RouterStatus, router_status
 from routing.tokens import Estimate, TokenEstimator
 from routing.ttft import predict_ttft
@@ -91,6 +94,7 @@ class Router:
         self.policy = build_policy(cfg, self.rates)
         self._open: OpenTickets[Ticket] = OpenTickets(MAX_OPEN)
         self._serial = 0
+        self.outbox = Outbox()  # what to share with other gateways, once a state store is configured
 
     @property
     def name(self) -> str:
@@ -137,7 +141,7 @@ class Router:
     def retarget(self, ticket: Ticket, replica: ReplicaId) -> Ticket:
         """The request moves to ``replica`` (a retry): the old record never ran and is rolled back."""
         if self._open.close(ticket.serial) is not None and ticket.recorded is not None:
-            self.cache.settle(ticket.recorded, Report(ok=False))
+            self._discarded(ticket.replica, self.cache.settle(ticket.recorded, Report(ok=False)))
         decision = replace(ticket.decision, replica=replica, reason=Reason.FALLBACK)
         return self._open_ticket(
             ticket.request, decision, ticket.candidates, ticket.canonical_bytes, ticket.prompted
@@ -148,7 +152,7 @@ class Router:
         if self._open.close(ticket.serial) is None:
             return
         if ticket.recorded is not None:
-            self.cache.settle(ticket.recorded, report)
+            self._discarded(ticket.replica, self.cache.settle(ticket.recorded, report))
         if not report.ok or not ticket.prompted:
             return
         if ticket.canonical_bytes:
@@ -165,6 +169,23 @@ class Router:
         """Its GPU and host tiers are gone (a restart, a cache flush); storage, rates and sessions stay."""
         self.cache.restart(replica)
         self.policy.restart(replica)
+        self.outbox.put(Restarted(replica))
+
+    # ---- shared state (routing.sharing) ---------------------------------------------------------------
+    def share(self) -> None:
+        """From now on, keep the events other gateways should see (``drain`` hands them out)."""
+        self.outbox.open()
+
+    def drain(self) -> list[Event]:
+        return self.outbox.drain()
+
+    def apply(self, events: Sequence[Event]) -> int:
+        """What other gateways saw, applied to this one's model and stages; returns the events used."""
+        return apply_events(self.cache, self.policy, events)
+
+    def _discarded(self, replica: ReplicaId, blocks: list[BlockHash]) -> None:
+        if blocks:
+            self.outbox.put(Discarded(replica, tuple(blocks)))
 
     def accuracy(self) -> Mapping[ReplicaId, AccuracyStats]:
         return self.cache.accuracy()
@@ -184,8 +205,9 @@ class Router:
             hashes = block_hashes(req.model, data, salt, cfg.block_chars, cfg.max_blocks)
             est, learn = self._estimate(req, data), len(data)
             learn = 0 if est.exact else learn
+        session = xxhash.xxh3_64_hexdigest(req.session.encode()) if req.session else None
         rreq = RoutingRequest(
-            req.model, hashes, est.prompt_tokens, est.block_tokens, req.session, salt, req.max_new_tokens
+            req.model, hashes, est.prompt_tokens, est.block_tokens, session, salt, req.max_new_tokens
         )
         return rreq, learn
 
@@ -208,6 +230,9 @@ class Router:
         terms = terms or predict_ttft(rreq, cand, self.rates.get(replica), self.cfg.default_new_tokens)
         self.policy.chose(rreq, replica)
         recorded = self.cache.record(rreq, replica)
+        if self.outbox.is_open:
+            r = rreq
+            self.outbox.put(Routed(replica, r.block_hashes, r.block_tokens, r.prompt_tokens, r.session_key))
         self._serial += 1
         prediction = Prediction(replica, cand.match, terms)
         ticket = Ticket(self._serial, rreq, decision, prediction, cands, size, recorded, prompted)

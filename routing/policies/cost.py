@@ -30,8 +30,9 @@ broken away from a replica holding a longer prefix. Cost: O(replicas) per reques
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
+
+import xxhash
 
 from routing.config import RoutingConfig
 from routing.pipeline import HealthyFilter, Pipeline, near_ties
@@ -43,13 +44,15 @@ from routing.types import Reason, ReplicaId, RoutingRequest
 
 
 class LoadTiePicker(Stage):
-    """Lowest cost; near-ties go to the fewest prefill tokens in flight, then to the one this picker
-    chose least recently (so sequential misses at low concurrency rotate over idle replicas instead of
-    clustering, and their GPU and host pools fill evenly), then to a seeded draw (replicas never chosen
-    yet). Requests that are only decoding do not count: they do not hold up a prefill. O(n) per pick."""
+    """Lowest cost; near-ties go to the fewest prefill tokens in flight, then to the replica chosen least
+    recently (so sequential misses at low concurrency rotate over idle replicas instead of clustering,
+    and their GPU and host pools fill evenly), then to the lowest ``xxh3(seed, request key, replica)``
+    (replicas never chosen yet): a draw that every gateway makes alike for the same request, so gateways
+    sharing state agree (``chose`` is also told about the requests other gateways routed). Requests
+    that are only decoding do not count: they do not hold up a prefill. O(n) per pick."""
 
     def __init__(self, seed: int, rel_tol: float, abs_tol: float = 1e-9) -> None:
-        self._rng = random.Random(seed)
+        self._seed = seed.to_bytes(8, "little", signed=False)
         self._rel_tol = rel_tol
         self._abs_tol = abs_tol
         self._clock = 0
@@ -63,13 +66,26 @@ class LoadTiePicker(Stage):
         if len(ties) > 1:
             oldest = min(self._last_pick.get(s.id, -1) for s in ties)
             ties = [s for s in ties if self._last_pick.get(s.id, -1) == oldest]
-        chosen = ties[0] if len(ties) == 1 else self._rng.choice(ties)
+        if len(ties) == 1:
+            return Pick(ties[0])
+        key = self._seed + request_key(req)
+        return Pick(min(ties, key=lambda s: xxhash.xxh3_64_intdigest(key + s.id.encode())))
+
+    def chose(self, req: RoutingRequest, replica: ReplicaId) -> None:
         self._clock += 1
-        self._last_pick[chosen.id] = self._clock
-        return Pick(chosen)
+        self._last_pick[replica] = self._clock
 
     def forget(self, replica: ReplicaId) -> None:
         self._last_pick.pop(replica, None)
+
+
+def request_key(req: RoutingRequest) -> bytes:
+    """What makes requests differ for a draw: the first block, else the session, else the size."""
+    if req.block_hashes:
+        return req.block_hashes[0].to_bytes(8, "little")
+    if req.session_key:
+        return req.session_key.encode()
+    return req.prompt_tokens.to_bytes(8, "little")
 
 
 class Wrapper(Stage):

@@ -283,10 +283,13 @@ def _sessions(policy: PolicyHarness) -> SessionPicker:
 
 
 def _pick(picker: LoadTiePicker, scored: list[tuple[Candidate, float]]) -> Candidate:
-    return picker.pick(req(), [Scored(c, cost) for c, cost in scored]).chosen.cand
+    """A pick, then the Router telling the picker where the request went."""
+    chosen = picker.pick(req(), [Scored(c, cost) for c, cost in scored]).chosen.cand
+    picker.chose(req(), chosen.state.id)
+    return chosen
 
 
-def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seeded_draw() -> None:
+def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seeded_hash() -> None:
     picker = LoadTiePicker(seed=0, rel_tol=0.05)
     holder, idle = cand("r0", gpu=3000, prefill=1000), cand("r1")
     assert _pick(picker, [(holder, 1.0), (idle, 1.02)]) is idle  # a tie: the idle replica copies the prefix
@@ -297,7 +300,12 @@ def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seed
     assert _pick(picker, [(decoding, 1.0), (fresh, 1.0)]) is fresh
     assert _pick(picker, [(decoding, 1.0), (fresh, 1.0)]) is decoding
     draws = Counter(_pick(picker, [(cand("a"), 1.0), (cand("b"), 1.0)]).id for _ in range(100))
-    assert set(draws) == {"a", "b"}
+    assert draws == {"a": 50, "b": 50}  # never chosen: the hash; then least recent: they alternate
+    twin = LoadTiePicker(seed=0, rel_tol=0.05)  # another gateway, same request: the same draw
+    fresh = [Scored(cand(r), 1.0) for r in ("x", "y", "z")]
+    assert (
+        twin.pick(req(), fresh).chosen.id == LoadTiePicker(seed=0, rel_tol=0.05).pick(req(), fresh).chosen.id
+    )
 
 
 def test_new_sessions_sharing_a_system_prompt_spread_over_the_fleet() -> None:

@@ -1,0 +1,98 @@
+"""The Redis implementation of ``proxy.state_store.StateStore`` (layout in that module's docstring).
+
+One client (redis-py's asyncio ``Redis``, ``RedisCluster`` or a Sentinel master), short timeouts: a
+slow or absent Redis must fail a sync round quickly, never a request (the sync task runs beside the
+request path and keeps the last known view). Writes are pipelined: a publish is one round trip (XADD
+with MAXLEN ~ and EXPIRE, a SET PX per document, ZADD of the gateway's heartbeat, a trim of gateways
+silent for GATEWAY_TTL_S, EXPIRE); a gather is two (ZRANGEBYSCORE, then one MGET).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
+
+from proxy.state_store import GATEWAY_TTL_S, LOG_MAX, LOG_TTL_S, Batch, Doc, decode, encode
+from routing.sharing import Event
+
+TIMEOUT_S = 1.0
+READ_COUNT = 2000  # batches per read
+
+
+def connect(url: str) -> Any:
+    """A client for ``url``: redis://, rediss://, unix://, redis+cluster://, redis+sentinel://."""
+    parts = urlsplit(url)
+    opts: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
+    if parts.scheme == "redis+cluster":
+        return RedisCluster.from_url(url.replace("redis+cluster://", "redis://", 1), **opts)
+    if parts.scheme == "redis+sentinel":
+        hosts = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1])) for h in parts.netloc.split(",")]
+        path = [p for p in parts.path.split("/") if p]
+        if not path:
+            raise ValueError("redis+sentinel:// needs a service name: redis+sentinel://HOST:PORT/SERVICE")
+        db = int(path[1]) if len(path) > 1 else 0
+        return Sentinel(hosts, **opts).master_for(path[0], db=db, **opts)  # type: ignore[no-untyped-call]
+    return aioredis.Redis.from_url(url, **opts)
+
+
+class RedisStore:
+    name = "redis"
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.url = url
+        self._client = connect(url)
+        tag = "{" + namespace + "}"
+        self.log_key = f"kvroute:{tag}:events"
+        self.gateways_key = f"kvroute:{tag}:gateways"
+        self._doc_prefix = f"kvroute:{tag}:doc:"
+
+    async def publish(self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc]) -> None:
+        now = time.time()
+        pipe = self._client.pipeline(transaction=False)
+        if events:
+            entry = {"g": gateway, "p": encode(Batch(gateway, tuple(events)))}
+            pipe.xadd(self.log_key, entry, maxlen=LOG_MAX, approximate=True)
+            pipe.expire(self.log_key, LOG_TTL_S)
+        for kind, doc in docs.items():
+            pipe.set(f"{self._doc_prefix}{kind}:{gateway}", doc.data, px=max(1, int(doc.ttl_s * 1000)))
+        pipe.zadd(self.gateways_key, {gateway: now})
+        pipe.zremrangebyscore(self.gateways_key, 0, now - GATEWAY_TTL_S)
+        pipe.expire(self.gateways_key, LOG_TTL_S)
+        await pipe.execute()
+
+    async def read(self, since: str) -> tuple[list[tuple[str, Batch]], str]:
+        found = await self._client.xread({self.log_key: since}, count=READ_COUNT)
+        out: list[tuple[str, Batch]] = []
+        last = since
+        for _key, entries in found or ():
+            for entry_id, fields in entries:
+                last = _text(entry_id)
+                out.append((last, decode(fields[b"p"] if b"p" in fields else fields["p"])))
+        return out, last
+
+    async def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
+        alive = await self._client.zrangebyscore(self.gateways_key, time.time() - GATEWAY_TTL_S, "+inf")
+        others = [g for g in map(_text, alive) if g != skip]
+        out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
+        pairs = [(k, g) for k in kinds for g in others]
+        if not pairs:
+            return out
+        values = await self._client.mget([f"{self._doc_prefix}{k}:{g}" for k, g in pairs])
+        for (kind, g), value in zip(pairs, values, strict=True):
+            if value is not None:
+                out[kind][g] = orjson.loads(value)
+        return out
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

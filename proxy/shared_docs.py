@@ -1,0 +1,102 @@
+"""What each gateway publishes about itself besides events: one document per kind, renewed on a period.
+
+``proxy/state_sync.py`` publishes every part's ``export`` each ``every_s`` (with a ``ttl_s`` after which
+a silent gateway's document is gone) and hands every part the other gateways' latest documents of its
+kind (``adopt``: gateway -> decoded JSON). Three parts:
+
+- ``LoadPart`` (every round, ttl 5 s): per replica, this gateway's in-flight requests, queued prefill
+  tokens and seconds, arrival rate and busy fraction; adopted as ``Replica.remote``, which every
+  snapshot adds to the local load (``proxy.load.combined``), so gateways do not all pick the same idle
+  replica at once;
+- ``RatesPart`` (every second, ttl 30 s): the rates this gateway learned itself
+  (``RateBook.export``); adopted with ``RateBook.adopt`` (pooled by samples);
+- the warm-up registry (``proxy/warm_api.py`` adds it: ``WarmupsPart``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from proxy.fleet import Fleet
+from proxy.load import LoadView
+from routing.rates import RateBook, SharedRates
+
+
+class Part(Protocol):
+    kind: str
+    every_s: float  # 0: every round
+    ttl_s: float
+
+    def export(self) -> Any: ...
+
+    def adopt(self, docs: dict[str, Any]) -> None: ...
+
+
+class LoadPart:
+    kind, every_s, ttl_s = "load", 0.0, 5.0
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    def export(self) -> dict[str, list[float]]:
+        now = time.monotonic()
+        out = {}
+        for r in self.fleet.replicas():
+            v = r.load.view(now, 0)
+            out[r.id] = [
+                v.inflight_requests,
+                v.inflight_prefill_tokens,
+                v.inflight_prefill_s,
+                v.arrival_rate,
+                v.utilization,
+            ]
+        return out
+
+    def adopt(self, docs: dict[str, Any]) -> None:
+        """Sums the other gateways' numbers per replica (busy fractions as independent)."""
+        sums: dict[str, list[float]] = {}
+        for table in docs.values():
+            for replica, numbers in table.items():
+                acc = sums.setdefault(replica, [0.0] * 5)
+                for i, v in enumerate(numbers[:4]):
+                    acc[i] += float(v)
+                acc[4] = 1.0 - (1.0 - acc[4]) * (1.0 - min(float(numbers[4]), 1.0))
+        for r in self.fleet.replicas():
+            n = sums.get(r.id)
+            r.remote = LoadView(int(n[0]), int(n[1]), n[2], (), n[3], n[4]) if n else None
+
+
+class RatesPart:
+    kind, every_s, ttl_s = "rates", 1.0, 30.0
+
+    def __init__(self, rates: RateBook) -> None:
+        self.rates = rates
+
+    def export(self) -> dict[str, Any]:
+        mine = self.rates.export()
+        return {"fleet": mine.fleet, "replicas": mine.replicas}
+
+    def adopt(self, docs: dict[str, Any]) -> None:
+        peers = [
+            SharedRates(_row(d["fleet"]), {r: _row(v) for r, v in d["replicas"].items()})
+            for d in docs.values()
+        ]
+        self.rates.adopt(peers)
+
+
+def _row(v: list[float]) -> tuple[float, float, float, float, float, int]:
+    return float(v[0]), float(v[1]), float(v[2]), float(v[3]), float(v[4]), int(v[5])
+
+
+class Schedule:
+    """Which parts are due in a round (``every_s`` since they last went)."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def due(self, parts: list[Part], now: float) -> list[Part]:
+        out = [p for p in parts if now - self._last.get(p.kind, -1e9) >= p.every_s]
+        for p in out:
+            self._last[p.kind] = now
+        return out

@@ -1,0 +1,200 @@
+"""Several gateways, one view: the background task that shares routing state through a store.
+
+Every ``interval_s`` (50 ms) the task (1) publishes what this gateway's Router saw since the last round
+(``Router.drain``: requests recorded on replicas, rollbacks, restarts) and its documents that are due
+(``proxy.shared_docs``: its load on every replica each round; its learned rates and warm-up jobs each
+second), (2) reads what the others published since (the log, from its last position) and applies it
+(``Router.apply``), and (3) reads the others' documents of the kinds it published and adopts them (their
+loads add to this gateway's in every snapshot, ``proxy.load.combined``). Requests never wait for it:
+routing always runs on the local view, which is at most one round plus a store round trip behind the
+other gateways (the staleness bound: ~50 ms + RTT while the store answers; 1 s + RTT for rates and
+warm-ups).
+
+- **Start**: before the gateway reports ready (``/ready``), the task replays the whole log (the last
+  ``LOG_MAX`` batches), so a gateway that starts or restarts routes its first repeats to their holders.
+  A store that does not answer within ``START_WAIT_S`` does not keep the gateway unready: it starts on
+  its own view, degraded.
+- **Trouble** (the store down, slow, restarted, flushed, failing over): a round that fails keeps what it
+  had to publish for the next one (bounded), routing goes on with the local view and zero failed
+  requests, and the change is said once (a WARNING, ``kvroute_state_sync_up`` 0, ``/status``); when the
+  store answers again the task says so and reads on from its last position (a flushed store simply
+  has nothing older: new entries follow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.context import GATEWAY, Gateway
+from proxy.shared_docs import LoadPart, Part, RatesPart, Schedule
+from proxy.state_store import Doc, StateStore, store_from_url
+from routing.sharing import MAX_BUFFERED, Event
+
+log = logging.getLogger("kvroute.state")
+START_WAIT_S = 5.0
+STOP_WAIT_S = 2.0
+
+
+@dataclass
+class SyncStats:
+    state: str = "starting"  # starting, synced, degraded
+    published_events: int = 0
+    applied_events: int = 0
+    rounds: int = 0
+    failures: int = 0
+    peers: int = 0
+    last_error: str | None = None
+    last_ok_s: float = 0.0
+    position: str = "0"
+
+
+@dataclass
+class StateSync:
+    gw: Gateway
+    store: StateStore
+    interval_s: float = 0.05
+    gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    stats: SyncStats = field(default_factory=SyncStats)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    parts: list[Part] = field(default_factory=list)
+    _pending: list[Event] = field(default_factory=list)
+    _schedule: Schedule = field(default_factory=Schedule)
+
+    def __post_init__(self) -> None:
+        self.parts += [LoadPart(self.gw.fleet), RatesPart(self.gw.router.rates)]
+
+    async def run(self) -> None:
+        """Runs until cancelled: the start-up replay, then a round every ``interval_s``."""
+        try:
+            await asyncio.wait_for(self._round(), timeout=START_WAIT_S)
+        except Exception as e:
+            self._trouble(e)
+        self.ready.set()
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self._round()
+            except Exception as e:
+                self._trouble(e)
+
+    async def _round(self) -> None:
+        self._pending.extend(self.gw.router.drain())
+        del self._pending[: max(0, len(self._pending) - MAX_BUFFERED)]
+        due = self._schedule.due(self.parts, time.monotonic())
+        docs = {p.kind: Doc(orjson.dumps(p.export()), p.ttl_s) for p in due}
+        await self.store.publish(self.gateway_id, self._pending, docs)
+        self.stats.published_events += len(self._pending)
+        self._pending = []
+        await self._apply_log()
+        await self._adopt(due)
+        self.stats.rounds += 1
+        self.stats.last_ok_s = time.monotonic()
+        if self.stats.state != "synced":
+            if self.stats.state == "degraded":
+                log.warning("state store %s answers again: shared state resumes", self.store.name)
+            self.stats.state = "synced"
+
+    async def _apply_log(self) -> None:
+        fleet, router = self.gw.fleet, self.gw.router
+        while True:
+            batches, position = await self.store.read(self.stats.position)
+            self.stats.position = position
+            remote = [e for pos, b in batches if b.gateway != self.gateway_id for e in b.events]
+            if remote:
+                router.cache.sync(fleet.snapshot(None))
+                self.stats.applied_events += router.apply(remote)
+            if not batches:
+                return
+
+    async def _adopt(self, due: list[Part]) -> None:
+        found = await self.store.gather([p.kind for p in due], self.gateway_id)
+        self.stats.peers = len(found.get("load", {})) if "load" in found else self.stats.peers
+        for p in due:
+            try:
+                p.adopt(found.get(p.kind, {}))
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+                log.warning("a %s document from another gateway is malformed (%s): ignored", p.kind, e)
+
+    def _trouble(self, e: BaseException) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = f"{type(e).__name__}: {e}"[:300]
+        if self.stats.state != "degraded":
+            log.warning(
+                "state store %s unavailable (%s): routing on this gateway's own view until it answers",
+                self.store.name,
+                self.stats.last_error,
+            )
+            self.stats.state = "degraded"
+
+    def status(self) -> dict[str, Any]:
+        s = self.stats
+        age = time.monotonic() - s.last_ok_s if s.last_ok_s else None
+        return {
+            "store": self.store.name,
+            "gateway": self.gateway_id,
+            "state": s.state,
+            "peers": s.peers,
+            "published_events": s.published_events,
+            "applied_events": s.applied_events,
+            "failures": s.failures,
+            "last_error": s.last_error,
+            "seconds_since_last_sync": age,
+        }
+
+
+class SyncCollector(Collector):
+    """kvroute_state_sync_up, kvroute_state_peers, kvroute_state_events_total{direction}."""
+
+    def __init__(self, sync: StateSync) -> None:
+        self._sync = sync
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._sync.stats
+        up = GaugeMetricFamily("kvroute_state_sync_up", "1 while the state store answers, else 0")
+        up.add_metric([], 1.0 if s.state == "synced" else 0.0)
+        peers = GaugeMetricFamily("kvroute_state_peers", "Other gateways sharing state")
+        peers.add_metric([], s.peers)
+        events = CounterMetricFamily("kvroute_state_events", "Shared routing events", labels=["direction"])
+        events.add_metric(["published"], s.published_events)
+        events.add_metric(["applied"], s.applied_events)
+        yield from (up, peers, events)
+
+
+STATE_SYNC: web.AppKey[StateSync] = web.AppKey("state_sync", StateSync)
+
+
+async def _sync_ctx(app: web.Application) -> AsyncIterator[None]:
+    sync = app[STATE_SYNC]
+    task = asyncio.get_running_loop().create_task(sync.run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(Exception):  # a store that hangs does not hold the shutdown
+            await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), STOP_WAIT_S)
+            await asyncio.wait_for(sync.store.close(), STOP_WAIT_S)
+
+
+def add_to(app: web.Application) -> None:
+    """With ``--state``: the Router shares its events and the sync task runs as long as the app (after
+    the health poller's first round, so replicas are known before the replay)."""
+    gw = app[GATEWAY]
+    if gw.settings.state is None:
+        return
+    sync = StateSync(gw, store_from_url(gw.settings.state, gw.settings.state_namespace))
+    gw.router.share()
+    gw.metrics.registry.register(SyncCollector(sync))
+    app[STATE_SYNC] = sync
+    app.cleanup_ctx.append(_sync_ctx)

@@ -1,0 +1,246 @@
+"""Several gateways, one view (issue 13): gateways sharing routing state through a real ``redis-server``
+that the tests start on a free port (and kill, restart and flush), or through one in-process store.
+
+Each test drives the gateways with plain HTTP over the real emulator; a request's replica is read from
+``x-kvroute-replica``."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+import redis
+
+from bench.procs import free_ports, stop_process
+from proxy.state_store import MemoryStore
+from proxy.state_sync import STATE_SYNC
+from tests.conftest import Gw, StartGateway
+from tests.proxy.conftest import EMU_FLAGS, MODEL, Emulators, wait_for
+
+JSON = {"Content-Type": "application/json"}
+TIMEOUT = aiohttp.ClientTimeout(total=30)
+SECRET = "zanzibar-quokka-marmalade"  # a word that must never reach the store
+
+
+class RedisServer:
+    """A redis-server we own on a free loopback port, stopped by PID; restartable, keeps nothing."""
+
+    def __init__(self) -> None:
+        self.port = free_ports(1)[0]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "no"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = self.client()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, 2.0)
+            self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (Debian package redis-server)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def replicas(emulators: Emulators, n: int) -> list[str]:
+    return [(await emulators(*EMU_FLAGS)).url for _ in range(n)]
+
+
+async def gateways(start: StartGateway, urls: list[str], n: int, **settings: Any) -> list[Gw]:
+    defaults = {"health_interval": 0.1, "policy": "cost", "retries": 2}
+    gws = [await start(urls, **(defaults | settings)) for _ in range(n)]
+    for g in gws:
+        if STATE_SYNC in g.app:
+            await wait_for(lambda g=g: g.app[STATE_SYNC].ready.is_set(), 10)
+    return gws
+
+
+def prompt(i: int) -> list[dict[str, str]]:
+    doc = f"Document {i}: {SECRET}. " + " ".join(f"fact{i}-{k}" for k in range(300))
+    return [{"role": "system", "content": doc}, {"role": "user", "content": f"question about {i}?"}]
+
+
+async def stream(url: str, i: int, session: aiohttp.ClientSession) -> None:
+    """A streamed request (only those teach rates: their first byte times the prefill)."""
+    body = orjson.dumps({"model": MODEL, "messages": prompt(i), "max_tokens": 16, "stream": True})
+    async with session.post(url + "/v1/chat/completions", data=body, headers=JSON) as r:
+        assert r.status == 200
+        await r.read()
+
+
+async def ask(url: str, i: int, session: aiohttp.ClientSession) -> tuple[str, int]:
+    body = orjson.dumps({"model": MODEL, "messages": prompt(i), "max_tokens": 2})
+    async with session.post(url + "/v1/chat/completions", data=body, headers=JSON) as r:
+        doc = await r.json()
+        assert r.status == 200, doc
+        details = doc["usage"].get("prompt_tokens_details") or {}
+        return r.headers["x-kvroute-replica"], int(details.get("cached_tokens") or 0)
+
+
+async def settle(gws: list[Gw]) -> None:
+    await asyncio.sleep(0.3)  # a few sync rounds (50 ms each)
+
+
+async def test_repeats_through_another_gateway_reach_the_holder(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 3)
+    a, b = await gateways(gateway, urls, 2, state=redis_server.url)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        first = {i: (await ask(a.url, i, s))[0] for i in range(6)}
+        await settle([a, b])
+        for i in range(6):
+            replica, cached = await ask(b.url, i, s)
+            assert replica == first[i], f"document {i} left its holder"
+            assert cached > 0
+    status = b.app[STATE_SYNC].status()
+    assert status["state"] == "synced" and status["peers"] == 1 and status["applied_events"] >= 6
+
+
+async def test_loads_and_rates_are_shared(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 2)
+    a, b = await gateways(gateway, urls, 2, state=redis_server.url)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        for i in range(8):
+            await stream(a.url, i, s)
+    await asyncio.sleep(1.2)  # rates are published every second
+    learned = a.gw.router.rates.export()
+    assert learned.replicas, "gateway a learned nothing"
+    view_b = b.gw.router.rates.get(next(iter(learned.replicas)))
+    assert view_b.samples >= 1, "gateway b did not adopt a's rates"
+    lease = a.gw.fleet.acquire(urls[0], _work())  # a request in flight on a, as b sees it
+    try:
+        await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 1, 3)
+    finally:
+        lease.release()
+    await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 0, 3)
+
+
+def _work() -> Any:
+    from proxy.load import Work
+
+    return Work(time.monotonic(), 1000, 0.5, 0.5, budget=16, streamed=True)
+
+
+async def test_redis_killed_restarted_and_flushed_mid_run_loses_no_request(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 2)
+    a, b = await gateways(gateway, urls, 2, state=redis_server.url)
+    failures: list[str] = []
+
+    async def traffic(n: int) -> None:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+            for i in range(n):
+                try:
+                    await ask((a, b)[i % 2].url, i % 5, s)
+                except AssertionError as e:
+                    failures.append(str(e))
+
+    run = asyncio.create_task(traffic(60))
+    await asyncio.sleep(0.3)
+    redis_server.stop()
+    await wait_for(lambda: a.app[STATE_SYNC].stats.state == "degraded", 5)
+    assert "kvroute_state_sync_up 0.0" in a.metrics()
+    await asyncio.sleep(0.3)
+    redis_server.start()
+    await wait_for(lambda: a.app[STATE_SYNC].stats.state == "synced", 10)
+    redis_server.client().flushall()
+    await run
+    assert failures == []
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        await ask(a.url, 99, s)
+    await asyncio.sleep(0.3)
+    assert b.app[STATE_SYNC].stats.state == "synced"
+    assert a.app[STATE_SYNC].status()["failures"] >= 1
+    assert redis_server.client().exists("kvroute:{kvroute}:events")  # writing again after the flush
+
+
+async def test_keys_expire_and_hold_no_prompt_text(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 2)
+    (a,) = await gateways(gateway, urls, 1, state=redis_server.url, session_header="x-session-id")
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        for i in range(4):
+            await ask(a.url, i, s)
+    await settle([a])
+    client = redis_server.client()
+    keys = list(client.scan_iter("*"))
+    assert keys and all(k.startswith(b"kvroute:{kvroute}:") for k in keys)
+    for key in keys:
+        assert 0 < client.ttl(key) <= 24 * 3600, key
+        kind = client.type(key)
+        values: list[bytes]
+        if kind == b"stream":
+            values = [v for _, fields in client.xrange(key) for v in fields.values()]
+        elif kind == b"zset":
+            values = list(client.zrange(key, 0, -1))
+        else:
+            values = [client.get(key) or b""]
+        for v in values:
+            assert SECRET.encode() not in v and b"fact1-" not in v, key
+
+
+async def test_a_gateway_that_starts_later_replays_the_map_before_it_is_ready(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 3)
+    (a,) = await gateways(gateway, urls, 1, state=redis_server.url)
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        first = {i: (await ask(a.url, i, s))[0] for i in range(8)}
+        await settle([a])
+        (late,) = await gateways(gateway, urls, 1, state=redis_server.url)
+        hits = [await ask(late.url, i, s) for i in range(8)]
+    assert [r for r, _ in hits] == [first[i] for i in range(8)]
+    assert all(cached > 0 for _, cached in hits)
+
+
+async def test_two_gateways_in_one_process_share_one_memory_store(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    urls = await replicas(emulator_server, 3)
+    a, b = await gateways(gateway, urls, 2, state="memory")
+    shared = MemoryStore()
+    for g in (a, b):
+        g.app[STATE_SYNC].store = shared
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        first = {i: (await ask(a.url, i, s))[0] for i in range(5)}
+        await settle([a, b])
+        assert [(await ask(b.url, i, s))[0] for i in range(5)] == [first[i] for i in range(5)]

@@ -149,6 +149,8 @@ def test_the_cpu_overlay_runs_the_emulator_with_the_same_caching_flags() -> None
     gpu = expanded_argv(pod(render("base"), "StatefulSet", "sglang")["spec"]["containers"][0])
     assert caching_flags(container["args"]) == caching_flags(gpu)
     assert "nvidia.com/gpu" not in str(docs) and "volumeClaimTemplates" not in sts["spec"]
+    probes = [container[p] for p in ("readinessProbe", "livenessProbe")]
+    assert all(p["httpGet"]["path"] == "/health" and p["timeoutSeconds"] > 1 for p in probes)  # it takes ~1 s
     port = next(p for p in one(docs, "Service", "sglang")["spec"]["ports"] if p["name"] == "http")
     assert port["port"] == 30000
 

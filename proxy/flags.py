@@ -13,6 +13,18 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--host", "ADDR", "address to listen on; 0.0.0.0 to accept clients from other hosts"),
     ("--port", "PORT", "port to listen on"),
     ("--backend", "URL", "replica base URL(s), comma- or space-separated; repeatable"),
+    (
+        "--discover",
+        "URI",
+        "replicas from DNS, re-resolved: dns://NAME:PORT (A/AAAA) or dns+srv://_PORT._PROTO.NAME; repeatable",
+    ),
+    ("--discover-interval", "S", "seconds between DNS resolutions of the --discover targets"),
+    (
+        "--discover-drain-timeout",
+        "S",
+        "a replica gone from DNS is drained, then removed when idle or after this many seconds",
+    ),
+    ("--dns-server", "HOST[:PORT]", "DNS server that --discover asks (default: the system's resolvers)"),
     ("--config", "FILE", "TOML settings file (keys as the flags, with underscores)"),
     ("--policy", "NAME", f"routing policy: {', '.join(POLICY_NAMES)}"),
     ("--admin-key", "KEY", "Bearer key for the admin API and /flush_cache (both disabled when unset)"),
@@ -48,7 +60,7 @@ SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),
     ("--access-log", "log one line per request: method, path, status, replica, reason, TTFT, tokens, id"),
 )
-_REPEATABLE = {"--backend", "--model-alias"}
+_REPEATABLE = {"--backend", "--discover", "--model-alias"}
 
 
 def kvroute_version() -> str:

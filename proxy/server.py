@@ -1,7 +1,8 @@
 """``kvroute serve``: the aiohttp application and its entry point.
 
 ``build_app(settings)`` wires the gateway: one ``Gateway`` value under ``GATEWAY``; one cleanup_ctx
-per long-lived resource (the shared upstream ClientSession, the health poller, background tasks);
+per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
+with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
 API and the operational endpoints (``proxy/operations.py``). Serve it with ``proxy.serving.runner``
 (``main`` does, and the tests): handler cancellation, so a client that disconnects cancels its handler at
@@ -20,6 +21,7 @@ from aiohttp import web
 
 from proxy import admin, handlers, operations, state_sync, warm_api
 from proxy.context import GATEWAY, Gateway
+from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
@@ -70,11 +72,25 @@ async def _poller_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
+    gw, discovery = app[GATEWAY], app[DISCOVERY]
+    await discovery.refresh(gw.up)  # the first answer (bounded by the lookup time-out) before serving
+    task = asyncio.get_running_loop().create_task(discovery.run(gw.up))
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
     app[GATEWAY] = build_gateway(settings)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
+    if settings.discover:
+        app[DISCOVERY] = discovery_for(settings, app[GATEWAY].fleet)
+        app.cleanup_ctx.append(_discovery_ctx)
     r = app.router
     r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))
@@ -102,10 +118,11 @@ def main(argv: list[str]) -> int:
     except (SettingsError, ValueError) as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 2
-    if not settings.backends and settings.admin_key is None:
+    if not settings.backends and not settings.discover and settings.admin_key is None:
         print(
             "kvroute serve: nothing to route to: give replicas with --backend URL (several: comma- or "
-            "space-separated), or --admin-key K to add them later with POST /admin/replicas",
+            "space-separated), --discover dns://NAME:PORT, or --admin-key K to add them later with "
+            "POST /admin/replicas",
             file=sys.stderr,
         )
         return 2
@@ -113,7 +130,7 @@ def main(argv: list[str]) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     log.info("settings: %s", json.dumps(settings.redacted(), default=str))
-    if not settings.backends:
+    if not settings.backends and not settings.discover:
         log.warning("no --backend given: add replicas with POST /admin/replicas (the admin key)")
     _install_uvloop()
     tune_malloc()

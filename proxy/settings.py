@@ -6,8 +6,10 @@ name everywhere: flag ``--max-body-bytes`` = TOML ``max_body_bytes`` = env ``KVR
 ``backend`` takes one or several URLs separated by commas or whitespace (as sglang-router's
 ``--worker-urls``), is repeatable on the command line and may be a list in TOML. ``model_alias`` maps
 model names clients send to served models (``NAME=MODEL``, repeatable, comma-separated in the
-environment, a table ``[model_alias]`` in TOML). An optional TOML table ``[routing]`` sets fields of
-``routing.config.RoutingConfig``. The flags and their help live in ``proxy/flags.py``.
+environment, a table ``[model_alias]`` in TOML). ``discover`` takes DNS targets the same way as
+``backend`` (``dns://NAME:PORT``, ``dns+srv://_PORT._PROTO.NAME``; ``proxy/discovery.py``). An optional
+TOML table ``[routing]`` sets fields of ``routing.config.RoutingConfig``. The flags and their help
+live in ``proxy/flags.py``.
 
 Values are validated with messages that name the key and where it came from; ``redacted()`` gives the
 summary that is logged once (the admin key is never printed).
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.discovery import parse_dns_server, parse_target
 from proxy.flags import parser
 from routing.config import POLICY_NAMES, PolicyName, RoutingConfig
 
@@ -58,6 +61,10 @@ class Settings:
     access_log: bool = False  # one line per request (never prompt text)
     state: str | None = None  # shared state store: a redis:// URL (or memory); None = this gateway alone
     state_namespace: str = "kvroute"  # key namespace in the store: gateways of one fleet share it
+    discover: tuple[str, ...] = ()  # DNS targets whose records are replicas (proxy/discovery.py)
+    discover_interval: float = 5.0  # seconds between resolutions
+    discover_drain_timeout: float = 300.0  # a replica gone from DNS is removed when idle, or after this
+    dns_server: str | None = None  # HOST[:PORT] that discovery asks instead of the system's resolvers
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -106,6 +113,15 @@ def _words(v: object, what: str) -> list[str]:
 
 def _backends(v: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(parse_url(u) for u in _words(v, "a URL")))
+
+
+def _targets(v: object) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(str(parse_target(u)) for u in _words(v, "a dns:// or dns+srv:// URI")))
+
+
+def _dns_server(v: object) -> str:
+    host, port = parse_dns_server(_str(v))
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _aliases(v: object) -> tuple[tuple[str, str], ...]:
@@ -189,6 +205,10 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "access_log": _bool,
     "state": _str,
     "state_namespace": _str,
+    "discover": _targets,
+    "discover_interval": _float(0.0),
+    "discover_drain_timeout": _float(0.0),
+    "dns_server": _dns_server,
 }
 
 

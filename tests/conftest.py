@@ -1,7 +1,8 @@
 """Shared fixtures: real servers on 127.0.0.1 (port 0), the real emulator instead of hand-written fakes.
 
 - ``emulator_server``: ``await emulator_server("--flag", ...)`` starts one emulated SGLang replica in this
-  event loop (``emulator.server.build_app`` on an aiohttp TCPSite) and returns an ``Emu``; ``Emu`` drives
+  event loop (``emulator.server.build_app`` on an aiohttp TCPSite, on 127.0.0.1 or the loopback address
+  given as ``host``) and returns an ``Emu``; ``Emu`` drives
   the replica's own HTTP endpoints: ``fault(...)`` (POST /_emu/faults, needs --emu-enable-faults),
   ``state()`` (GET /_emu/state) and ``requests()`` (GET /_emu/requests, both need --emu-debug).
   ``emulator_server.stop(emu)`` stops one replica; starting again with ``port=emu.port`` brings a new
@@ -119,18 +120,18 @@ class Emulators:
         self.http = http
         self._runners: dict[str, web.AppRunner] = {}
 
-    async def __call__(self, *flags: str, port: int = 0) -> Emu:
+    async def __call__(self, *flags: str, port: int = 0, host: str = "127.0.0.1") -> Emu:
         app = build_emulator(parse_args([*flags, "--port", str(port)]))
         runner = make_runner(app)
         await runner.setup()
         try:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
+            await web.TCPSite(runner, host, port).start()
         except BaseException:
             await runner.cleanup()
             raise
         bound = runner.addresses[0][1]
         app[REPLICA].port = bound
-        url = f"http://127.0.0.1:{bound}"
+        url = f"http://{host}:{bound}"
         self._runners[url] = runner
         return Emu(url, app, self.http)
 

@@ -55,6 +55,13 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
         "BOOL",
         "true: any unknown model name goes to the fleet's only model, as SGLang",
     ),
+    (
+        "--state",
+        "URL",
+        "share routing state with other gateways: redis://HOST:PORT/DB (rediss://, redis+cluster://, "
+        "redis+sentinel://HOST:PORT/SERVICE) or memory",
+    ),
+    ("--state-namespace", "NAME", "key namespace in the state store: the gateways of one fleet share it"),
 )
 SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),

@@ -244,3 +244,25 @@ async def test_two_gateways_in_one_process_share_one_memory_store(
         first = {i: (await ask(a.url, i, s))[0] for i in range(5)}
         await settle([a, b])
         assert [(await ask(b.url, i, s))[0] for i in range(5)] == [first[i] for i in range(5)]
+
+
+async def test_gateway_processes_started_with_the_flag_agree(
+    redis_server: RedisServer, emulator_server: Emulators
+) -> None:
+    import sys
+
+    from bench.procs import ManagedProcess
+
+    urls = await replicas(emulator_server, 3)
+    ports = free_ports(2)
+    procs = []
+    for port in ports:
+        argv = [sys.executable, "-m", "proxy.cli", "serve", "--port", str(port), "--state", redis_server.url]
+        argv += [x for u in urls for x in ("--backend", u)]
+        procs.append(
+            ManagedProcess(argv, [f"http://127.0.0.1:{port}"], ready_path="/ready", ready_check=bool)
+        )
+    async with procs[0] as a, procs[1] as b, aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        first = [(await ask(a.urls[0], i, s))[0] for i in range(6)]
+        await asyncio.sleep(0.3)
+        assert [(await ask(b.urls[0], i, s))[0] for i in range(6)] == first

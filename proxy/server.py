@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations, warm_api
+from proxy import admin, handlers, operations, response_cache, warm_api
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
@@ -73,6 +73,7 @@ async def _poller_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
     app[GATEWAY] = build_gateway(settings)
+    response_cache.install(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
     r = app.router

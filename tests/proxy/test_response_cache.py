@@ -148,6 +148,17 @@ async def test_the_sdk_streams_a_stored_tool_call(cached: Stack) -> None:
 _CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 
 
+async def test_a_streamed_tool_call_answers_as_the_body(cached: Stack) -> None:
+    tool = {"type": "function", "function": {"name": "weather", "parameters": _CITY}}
+    body = chat("weather in bergen?", tools=[tool], tool_choice="required")
+    _, streamed, _ = await ask(cached.url, CHAT_PATH, body | USAGE)
+    assert "tool" in kinds(events(streamed))
+    _, hit, headers = await ask(cached.url, CHAT_PATH, body)
+    _, direct, _ = await ask(cached.url, CHAT_PATH, body, NO_STORE)
+    assert headers["x-kvroute-cache"] == "hit" and await computed(cached) == 2
+    assert orjson.loads(hit)["choices"] == orjson.loads(direct)["choices"]
+
+
 @pytest.mark.parametrize(
     "fields",
     [

@@ -8,6 +8,7 @@ Eligible (``bypass_reason`` is None): a chat or completions request (not ``/gene
 - ``n`` absent or 1, and one completions prompt (not a batch of several);
 - not asking ``return_cached_tokens_details`` (a question about a replica's KV cache) nor, when
   streamed, ``stream_options.continuous_usage_stats`` (usage on every chunk);
+- without ``echo`` (the answer would repeat the prompt, and stores never hold prompt text);
 - without ``Cache-Control: no-store`` (neither read nor write). ``no-cache`` skips the read and
   refreshes the entry with the new answer. Logprobs are deterministic too and are stored.
 
@@ -74,6 +75,8 @@ def bypass_reason(route: Route, body: JSONObject, stream: bool) -> str | None:
         return "sampling"
     if body.get("n") not in (None, 1) or (route is Route.COMPLETIONS and _is_batch(body.get("prompt"))):
         return "choices"
+    if body.get("echo"):
+        return "echo"
     options = body.get("stream_options")
     per_chunk = stream and isinstance(options, dict) and bool(options.get("continuous_usage_stats"))
     return "usage_details" if per_chunk or body.get("return_cached_tokens_details") else None

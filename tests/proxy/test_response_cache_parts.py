@@ -41,6 +41,8 @@ def _key(body: dict[str, Any], route: Route = Route.CHAT, auth: str | None = Non
         (Route.COMPLETIONS, {"temperature": 0, "prompt": ["a", "b"]}, "choices"),
         (Route.COMPLETIONS, {"temperature": 0, "prompt": [1, 2, 3]}, None),
         (Route.CHAT, {"temperature": 0, "return_cached_tokens_details": True}, "usage_details"),
+        (Route.COMPLETIONS, {"temperature": 0, "echo": True}, "echo"),
+        (Route.CHAT, {"temperature": 0, "echo": True}, "echo"),
         (Route.GENERATE, {"temperature": 0}, "route"),
     ],
 )

@@ -78,6 +78,8 @@ async def test_no_key_or_value_holds_prompt_text(
     ]
     for path, body in bodies:
         assert (await ask(stack.url, path, body))[2]["x-kvroute-cache"] == "miss"
+    echoed = completion(f"{marker} echoed", echo=True)  # its answer would repeat the prompt
+    assert (await ask(stack.url, TEXT_PATH, echoed))[2]["x-kvroute-cache"] == "bypass"
     stored = _keys(redis_server)
     assert len(stored) == 3 and all(KEY.fullmatch(k) for k in stored)
     for key, value in stored.items():

@@ -41,6 +41,7 @@ OUT_DIR = Path(__file__).resolve().parent / "results" / "response_cache"
 RUN_TIME_CAP_S = 30.0
 JSON_HEADERS = {"Content-Type": "application/json"}
 Body = Callable[[int], bytes]
+SCENARIOS = ("repeat", "repeat stream", "unique", "sampling")
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +238,7 @@ async def bench(args: argparse.Namespace) -> list[Result]:
                 systems.kvroute("round_robin", *flags), fleet.urls, logs / f"{name}.log"
             )
             bases[name] = (await up.enter_async_context(proc)).urls[0]
-        plan = scenarios(model, args.concurrency, args.scale)
+        plan = [sc for sc in scenarios(model, args.concurrency, args.scale) if sc.name in args.scenarios]
         for base in bases.values():  # warm-up: connections, and the first (missed) answer of each repeat
             for sc in plan:
                 await run(base, sc, iter(range(-10, 0)), 10, Samples())
@@ -258,6 +259,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16, help="the higher concurrency level (default 16)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every request count (default 1.0)")
     p.add_argument("--rounds", type=int, default=5, help="slices per scenario; targets alternate (default 5)")
+    p.add_argument(
+        "--scenarios",
+        nargs="+",
+        default=list(SCENARIOS),
+        choices=SCENARIOS,
+        metavar="NAME",
+        help=f"scenarios to run (default: all of {', '.join(SCENARIOS)})",
+    )
     p.add_argument("--out", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)
     t0 = time.monotonic()

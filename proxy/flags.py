@@ -62,6 +62,14 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
         "redis+sentinel://HOST:PORT/SERVICE) or memory",
     ),
     ("--state-namespace", "NAME", "key namespace in the state store: the gateways of one fleet share it"),
+    (
+        "--response-cache",
+        "off|memory|URL",
+        "exact-response cache of deterministic requests: off, memory, or redis://HOST:PORT/DB",
+    ),
+    ("--response-cache-ttl", "S", "seconds a cached answer is kept"),
+    ("--response-cache-max-bytes", "BYTES", "memory: bytes of all cached answers; the largest one stored"),
+    ("--response-cache-max-entries", "N", "memory: answers kept (least recently used evicted)"),
 )
 SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),

@@ -13,6 +13,8 @@ through the list when it is shorter; a replica that refused the connection is no
    the Router learns from it, or rolls back what never ran.
 If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
 closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
+An optional ``Tap`` sees the relayed answer (the whole body, or each SSE chunk as it passes): the
+response cache's capture (``proxy/response_capture.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -41,11 +45,19 @@ RETRY_STATUSES = frozenset({502, 503, 504})
 ABORT_TIMEOUT_S = 2.0
 
 
+class Tap(Protocol):
+    """Sees the answer relayed to the client: a whole body, or the SSE chunks as they pass."""
+
+    def body(self, status: int, body: bytes) -> None: ...
+
+    def stream(self, status: int, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
+
 class Attempt:
     """One try on one replica; collects what the outcome needs."""
 
-    def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest) -> None:
-        self.gw, self.replica, self.route = gw, ticket.replica, parsed.route.value
+    def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest, tap: Tap | None = None) -> None:
+        self.gw, self.replica, self.route, self.tap = gw, ticket.replica, parsed.route.value, tap
         self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed))
         self.t0 = asyncio.get_running_loop().time()
         self.ttft: float | None = None
@@ -90,7 +102,12 @@ def _attempt_order(decision: Decision, retries: int) -> list[ReplicaId]:
 
 
 async def forward(
-    request: web.Request, gw: Gateway, raw: bytes, parsed: ParsedRequest, ticket: Ticket
+    request: web.Request,
+    gw: Gateway,
+    raw: bytes,
+    parsed: ParsedRequest,
+    ticket: Ticket,
+    tap: Tap | None = None,
 ) -> web.StreamResponse:
     rid_header = request_id(request) if gw.settings.request_id_headers else None
     extra = {"x-request-id": rid_header} if rid_header else {}
@@ -105,7 +122,7 @@ async def forward(
         if n > 0:
             gw.metrics.retries.labels(replica).inc()
             ticket = gw.router.retarget(ticket, replica)
-        attempt = Attempt(gw, ticket, parsed)
+        attempt = Attempt(gw, ticket, parsed, tap)
         try:
             result = await _try(
                 request, gw, attempt, raw, headers, parsed, rid_header, last_chance=n == len(order) - 1
@@ -183,6 +200,8 @@ async def _try(
         a.whole_body()
         a.ok = resp.status < 400
         a.usage = body_usage(body) if a.ok else Usage()
+        if a.tap is not None:
+            a.tap.body(resp.status, body)
         reshaped = openai_error_body(resp.status, body) if parsed.route is Route.PASSTHROUGH else None
         if reshaped is not None:
             body, out_headers["Content-Type"] = reshaped, "application/json"
@@ -202,8 +221,9 @@ async def _relay_sse(
     out = web.StreamResponse(status=resp.status, headers=headers)
     await out.prepare(request)
     sniffer = SSESniffer()
+    chunks = gw.up.chunks(resp) if a.tap is None else a.tap.stream(resp.status, gw.up.chunks(resp))
     try:
-        await relay_stream(out, gw.up.chunks(resp), sniffer, a.first_byte)
+        await relay_stream(out, chunks, sniffer, a.first_byte)
         a.ok = resp.status < 400
     except UpstreamError as e:
         log.warning("stream from %s failed after its first byte: %s", a.replica, e.message)

@@ -1,6 +1,6 @@
 """HTTP handlers. A generation request reads top to bottom as the data flow of docs/design.md:
-parse (once) → check model → route (the Router decides and records: a Ticket) → forward (relay, retry,
-finish the ticket, release, abort).
+parse (once) → check model → [the response cache, when on: a hit answers here] → route (the Router
+decides and records: a Ticket) → forward (relay, retry, finish the ticket, release, abort).
 
 Also here: pass-through of any other ``/v1/*`` path (routed by the same policy, the body's ``model``
 honoured when present); an OpenAI-shaped 405 for a method a route does not take; and the middleware
@@ -20,6 +20,7 @@ from proxy.context import GATEWAY
 from proxy.errors import GatewayError, MethodNotAllowed, PayloadTooLarge
 from proxy.forward import forward
 from proxy.openai import parse_request, passthrough_request
+from proxy.response_cache import RESPONSE_CACHE
 from proxy.types import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -48,8 +49,12 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
         st = gw.settings
         parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
         parsed = gw.resolve_model(parsed)
-        ticket = gw.route(parsed)
-        return await forward(request, gw, raw, parsed, ticket)
+        cache = request.app.get(RESPONSE_CACHE)
+        if cache is not None:
+            return await cache.serve(
+                request, parsed, lambda tap: forward(request, gw, raw, parsed, gw.route(parsed), tap)
+            )
+        return await forward(request, gw, raw, parsed, gw.route(parsed))
 
     return handle
 

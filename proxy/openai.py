@@ -182,7 +182,7 @@ def parse_request(
     request = PromptRequest(
         model or "", prompt, _namespace(body), session, _max_new_tokens(body, route), len(raw)
     )
-    return ParsedRequest(route, model, stream, _str(body.get("rid")), request)
+    return ParsedRequest(route, model, stream, _str(body.get("rid")), request, body)
 
 
 def passthrough_request(

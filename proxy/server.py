@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations, state_sync, warm_api
+from proxy import admin, handlers, operations, response_cache, state_sync, warm_api
 from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
@@ -86,6 +86,7 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
 def build_app(settings: Settings) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
     app[GATEWAY] = build_gateway(settings)
+    response_cache.install(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
     if settings.discover:

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from proxy.discovery import parse_dns_server, parse_target
 from proxy.flags import parser
+from proxy.response_store import redacted_url
 from routing.config import POLICY_NAMES, PolicyName, RoutingConfig
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -65,6 +66,10 @@ class Settings:
     discover_interval: float = 5.0  # seconds between resolutions
     discover_drain_timeout: float = 300.0  # a replica gone from DNS is removed when idle, or after this
     dns_server: str | None = None  # HOST[:PORT] that discovery asks instead of the system's resolvers
+    response_cache: str = "off"  # off | memory | a redis:// URL (proxy/response_cache.py)
+    response_cache_ttl: float = 600.0  # seconds an answer is kept from its write
+    response_cache_max_bytes: int = 256 * MiB  # memory: all answers; both: the largest one stored
+    response_cache_max_entries: int = 50_000  # memory: answers kept
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -80,19 +85,10 @@ class Settings:
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
         out["admin_key"] = "***" if self.admin_key else None
-        out["state"] = _redact_url(self.state)
+        out["state"] = redacted_url(self.state) if self.state else None
+        out["response_cache"] = redacted_url(self.response_cache)
         out["routing"] = dataclasses.asdict(self.routing)
         return out
-
-
-def _redact_url(url: str | None) -> str | None:
-    """A URL without its password (``redis://:secret@host`` -> ``redis://:***@host``)."""
-    if url is None or "@" not in url:
-        return url
-    head, _, tail = url.rpartition("@")
-    scheme, _, creds = head.partition("://")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{tail}"
 
 
 def parse_url(v: str) -> str:
@@ -101,6 +97,21 @@ def parse_url(v: str) -> str:
         raise ValueError(f"expected an http(s) URL, got {v!r}")
     parts.port  # noqa: B018 (raises ValueError for a port that is not a number in range)
     return v.strip().rstrip("/")
+
+
+def _response_cache(v: object) -> str:
+    """off, memory, or a Redis URL (redis://, rediss:// with a host; unix:// with a path)."""
+    if v in ("off", "memory"):
+        return str(v)
+    parts = urlsplit(v.strip()) if isinstance(v, str) else None
+    if parts is None or parts.scheme not in {"redis", "rediss", "unix"}:
+        raise ValueError(f"expected off, memory or a redis:// URL, got {v!r}")
+    if not (parts.path if parts.scheme == "unix" else parts.hostname):
+        raise ValueError(
+            f"expected a Redis URL with a host (or a unix socket path), got {redacted_url(str(v))!r}"
+        )
+    parts.port  # noqa: B018 (raises ValueError for a port that is not a number in range)
+    return str(v).strip()
 
 
 def _words(v: object, what: str) -> list[str]:
@@ -209,6 +220,10 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "discover_interval": _float(0.0),
     "discover_drain_timeout": _float(0.0),
     "dns_server": _dns_server,
+    "response_cache": _response_cache,
+    "response_cache_ttl": _float(0.0),
+    "response_cache_max_bytes": _int(1, 1 << 40),
+    "response_cache_max_entries": _int(1, 1 << 31),
 }
 
 

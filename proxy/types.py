@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -29,6 +29,7 @@ class ParsedRequest:
     stream: bool
     rid: str | None  # a client-supplied SGLang rid, when a string
     routing: PromptRequest
+    body: JSONObject = field(default_factory=dict, compare=False, repr=False)  # the parsed body, read-only
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from proxy.context import GATEWAY, Gateway
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
+from proxy.observe import observe_ctx
 from proxy.serving import StartupError, serve
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
@@ -75,6 +76,7 @@ def build_app(settings: Settings) -> web.Application:
     app[GATEWAY] = build_gateway(settings)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
+    app.cleanup_ctx.append(observe_ctx)
     r = app.router
     r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))

@@ -7,7 +7,8 @@ POST /flush_cache           fanned out to every healthy replica (as sglang-route
                             (it wipes every replica's cache), 200 only if every replica flushed
 GET  /health                liveness: 200 while the process serves
 GET  /ready                 readiness: 200 once at least one replica is healthy, else 503
-GET  /status                the gateway's state as JSON (``proxy/status_doc.py``)
+GET  /status                the gateway's state: JSON (``proxy/status_doc.py``) for programs, the live
+                            status page for browsers (``proxy/status_page.py``)
 GET  /metrics               Prometheus text (``proxy/metrics.py``)
 """
 
@@ -25,6 +26,7 @@ from proxy.errors import ModelNotFound, UpstreamError
 from proxy.metrics import CONTENT_TYPE
 from proxy.model_names import resolve
 from proxy.status_doc import status_document
+from proxy.status_page import page_response, wants_html
 
 MODELS_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
@@ -105,6 +107,8 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
+    if wants_html(request):
+        return page_response()
     return _json(status_document(request.app[GATEWAY]))
 
 

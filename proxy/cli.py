@@ -6,6 +6,7 @@
     kvroute demo     gateway + 3 emulated replicas + a short workload (bench.demo)
     kvroute probe    HiCache eviction-reuse probe of a replica or gateway (diag.probe)
     kvroute ab       cold/hot A/B of one or more replicas or gateways (diag.ab)
+    kvroute status   a gateway's live status in the terminal (diag.status)
 
 Sub-commands are imported lazily by name, so that the gateway never imports the emulator or the bench.
 """
@@ -26,6 +27,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("bench.demo", "gateway + 3 emulated replicas + a short workload"),
     "probe": ("diag.probe", "HiCache eviction-reuse probe (cold, pressure, re-send, re-send)"),
     "ab": ("diag.ab", "cold/hot A/B with /flush_cache, median of 3 runs"),
+    "status": ("diag.status", "a gateway's live status: replicas, load, fill, hit ratio, decisions"),
 }
 
 

@@ -14,15 +14,10 @@ import pytest
 
 from tests.conftest import Emulators, StartGateway
 from tests.proxy.browser import ARGS, chromium_or_skip
-from tests.proxy.conftest import EMU_FLAGS
+from tests.proxy.conftest import EMU_FLAGS, PLAIN_FLAGS
 from tests.proxy.test_metrics import chat
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-PLAIN = [f for f in EMU_FLAGS if f != "--enable-metrics"]
-PLAIN = (
-    PLAIN[: PLAIN.index("--enable-hierarchical-cache")]
-    + PLAIN[PLAIN.index("--enable-hierarchical-cache") + 3 :]
-)
 
 
 async def _rows(page: Any) -> dict[str, str]:
@@ -43,7 +38,7 @@ async def test_status_page_in_chromium(emulator_server: Emulators, gateway: Star
     from playwright.async_api import async_playwright, expect
 
     small = ("--max-total-tokens", "8000")  # a small GPU pool: the bars are visibly filled
-    hicache, plain = await emulator_server(*EMU_FLAGS, *small), await emulator_server(*PLAIN, *small)
+    hicache, plain = await emulator_server(*EMU_FLAGS, *small), await emulator_server(*PLAIN_FLAGS, *small)
     gw = await gateway([hicache.url, plain.url], health_interval=0.1, policy="round_robin")
     for i in range(8):
         assert (await chat(gw.url, f"a long prompt number {i} " * 60, stream=True))[0] == 200

@@ -62,31 +62,26 @@ async def test_request_families_after_known_traffic(stack_factory: StackFactory)
     assert value(text, "kvroute_requests_total", route=CHAT, status="404") == 1
     assert value(text, "kvroute_errors_total", route=CHAT, status_class="4xx", error="model_not_found") == 1
     assert value(text, "kvroute_decisions_total", policy="round_robin", reason="round_robin") == 5
+    assert value(text, "kvroute_ttft_seconds_count", route="chat") == 4  # the streamed ones
+    assert value(text, "kvroute_request_duration_seconds_count", route="chat") == 5
     streams = [r for _, r, _ in seen[:4]]
-    for replica in stack.urls:
-        served = [u for _, r, u in seen if r == replica]
-        assert value(text, "kvroute_ttft_seconds_count", route="chat", replica=replica) == streams.count(
-            replica
-        )
-        assert value(text, "kvroute_request_duration_seconds_count", route="chat", replica=replica) == len(
-            served
-        )
-        assert value(text, "kvroute_prompt_tokens_total", replica=replica) == sum(
-            u["prompt_tokens"] for u in served
-        )
-        cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in served)
-        assert (
-            value(text, "kvroute_cached_tokens_total", replica=replica) == cached > 0
-        )  # a repeat was cached
     doc = await status(stack)
     for replica in stack.urls:
+        served = [u for _, r, u in seen if r == replica]
+        ttft_count = value(text, "kvroute_replica_ttft_seconds_count", replica=replica)
+        assert ttft_count == streams.count(replica)
+        assert value(text, "kvroute_replica_request_duration_seconds_count", replica=replica) == len(served)
+        prompt = value(text, "kvroute_prompt_tokens_total", replica=replica)
+        assert prompt == sum(u["prompt_tokens"] for u in served)
+        cached = sum((u.get("prompt_tokens_details") or {}).get("cached_tokens", 0) for u in served)
+        assert value(text, "kvroute_cached_tokens_total", replica=replica) == cached > 0  # a repeat
         mine = [d for d in doc["decisions"] if d["replica"] == replica]
         predicted = sum(d["predicted_cached_tokens"] for d in mine)
         assert value(text, "kvroute_predicted_cached_tokens_total", replica=replica) == pytest.approx(
             predicted
         )
         assert predicted > 0  # its second request was predicted to find the first one's prefix
-        ttft_sum = value(text, "kvroute_ttft_seconds_sum", route="chat", replica=replica)
+        ttft_sum = value(text, "kvroute_replica_ttft_seconds_sum", replica=replica)
         assert ttft_sum == pytest.approx(sum(d["ttft_s"] for d in mine if d["ttft_s"] is not None))
     assert (value(text, "process_resident_memory_bytes") or 0) > 0
 

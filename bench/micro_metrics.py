@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import aiohttp
@@ -60,7 +60,7 @@ async def measure(replicas: int, repeat: int) -> dict[str, list[float]]:
             await _traffic(url, sorted(gw.fleet.models())[0], replicas)
             await gw.metrics.scraper.scrape_all(gw.up)
             times: dict[str, list[float]] = {"proxy.exposition": [], "generate_latest": []}
-            calls = {
+            calls: dict[str, Callable[[], bytes]] = {
                 "proxy.exposition": gw.metrics.render,
                 "generate_latest": lambda: generate_latest(gw.metrics.registry),
             }

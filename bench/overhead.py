@@ -14,6 +14,16 @@ Method (one run, same machine, same backend):
 4. Per run: end-to-end latency per request (until the last byte; for streams, the whole stream),
    time to first byte, and requests/s. "Added" = target percentile minus the direct percentile.
 The load comes from one aiohttp ClientSession (TCP_NODELAY on, keep-alive pool) per run.
+
+The /metrics scrape (``scrape``, also alone with ``--scrape-only``): ``kvroute serve`` (round robin) in
+front of ``SCRAPE_REPLICAS`` = 16 emulated replicas with --enable-metrics and HiCache, after traffic that
+gives every replica series on two routes (streamed and whole chat, streamed completions) and after the
+gateway has scraped every replica once; then ``GET /metrics`` and, as the HTTP floor, ``GET /health``
+take turns, ``--scrapes`` times each (default 300), one at a time on one keep-alive connection. Reported:
+median and p99 of each, the ratio of the medians, the size of the exposition (bytes, samples), and the
+gateway's own CPU time per GET (its ``process_cpu_seconds_total`` around ``--scrapes`` more GETs of
+each): the figure that other load on the machine does not inflate.
+
 Results: ``bench/results/overhead/overhead.json`` and ``overhead.md``; the table is also printed.
 """
 
@@ -40,6 +50,12 @@ from bench.procs import ManagedProcess, served_model
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0
 JSON_HEADERS = {"Content-Type": "application/json"}
+SCRAPE_REPLICAS = 16
+SCRAPE_TARGET_MS = 5.0
+SCRAPE_EMULATOR_ARGS = (
+    "--emu-time-scale", "1e-6", "--max-running-requests", "256", "--enable-metrics", "--enable-cache-report",
+    "--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +189,105 @@ def targets(backend: str, with_router: bool, logs: Path) -> list[tuple[str, Mana
     return [(names[s.name], systems.system_process(s, [backend], logs / f"{s.name}.log")) for s in chosen]
 
 
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    replicas: int
+    scrapes: int
+    bytes: int
+    samples: int
+    metrics_p50_ms: float
+    metrics_p99_ms: float
+    health_p50_ms: float
+    health_p99_ms: float
+    metrics_cpu_ms: float  # the gateway's own CPU time per GET (process_cpu_seconds_total), noise-free
+    health_cpu_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.metrics_p50_ms / self.health_p50_ms if self.health_p50_ms else float("nan")
+
+
+async def _timed_get(session: aiohttp.ClientSession, url: str) -> tuple[float, bytes]:
+    t0 = time.perf_counter()
+    async with session.get(url) as r:
+        body = await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"GET {url} returned HTTP {r.status}")
+    return time.perf_counter() - t0, body
+
+
+async def _scraped_all(session: aiohttp.ClientSession, base: str, n: int) -> None:
+    """Waits (at most 30 s) until the gateway has scraped every replica's own /metrics once."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        async with session.get(base + "/status") as r:
+            doc = await r.json()
+        if sum(1 for rep in doc["replicas"] if rep["reported"]["age_s"] is not None) == n:
+            return
+        await asyncio.sleep(0.2)
+    raise RuntimeError("the gateway did not scrape every replica within 30 s")
+
+
+async def _cpu_per_get(session: aiohttp.ClientSession, base: str, path: str, n: int) -> float:
+    """The gateway's CPU milliseconds per ``GET path``, from its process_cpu_seconds_total around n GETs."""
+
+    async def cpu() -> float:
+        _, text = await _timed_get(session, base + "/metrics")
+        line = next(x for x in text.decode().splitlines() if x.startswith("process_cpu_seconds_total "))
+        return float(line.split()[1])
+
+    before = await cpu()
+    for _ in range(n):
+        await _timed_get(session, base + path)
+    return (await cpu() - before) / n * 1000
+
+
+async def scrape(scrapes: int, logs: Path) -> ScrapeResult:
+    """See the module docstring."""
+    async with EmulatorFleet(SCRAPE_REPLICAS, SCRAPE_EMULATOR_ARGS, logs / "emulator-16.log") as fleet:
+        (system,) = systems.select(["kvroute-round_robin"])
+        proc = systems.system_process(system, fleet.urls, logs / "kvroute-16.log")
+        async with proc, aiohttp.ClientSession() as session:
+            base = proc.urls[0]
+            model = await served_model(fleet.urls[0]) or "default"
+            prompt = {"model": model, "prompt": "Count to 64.", "max_tokens": 8, "stream": True}
+            for sc in scenarios(model, 4, 1.0)[:3]:  # whole and streamed chat, on every replica
+                await run(base, sc.body, 4, 4 * SCRAPE_REPLICAS, Samples([], []))
+            for _ in range(4 * SCRAPE_REPLICAS):
+                await _one(session, base + "/v1/completions", orjson.dumps(prompt))
+            await _scraped_all(session, base, SCRAPE_REPLICAS)
+            timings: dict[str, list[float]] = {"/metrics": [], "/health": []}
+            body = b""
+            for _ in range(scrapes):
+                for path, xs in timings.items():
+                    took, got = await _timed_get(session, base + path)
+                    xs.append(took)
+                    body = got if path == "/metrics" else body
+            cpu = [await _cpu_per_get(session, base, path, scrapes) for path in timings]
+    text = body.decode()
+    samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+    m, h = timings["/metrics"], timings["/health"]
+    latency = (_pct(m, 0.5), _pct(m, 0.99), _pct(h, 0.5), _pct(h, 0.99))
+    return ScrapeResult(SCRAPE_REPLICAS, scrapes, len(body), samples, *latency, cpu[0], cpu[1])
+
+
+def scrape_table(r: ScrapeResult) -> str:
+    verdict, n = ("under" if r.metrics_p99_ms < SCRAPE_TARGET_MS else "OVER"), r.scrapes
+    return "\n".join(
+        [
+            "| GET | replicas | n | p50 ms | p99 ms | gateway CPU ms per GET |",
+            "|---|---|---|---|---|---|",
+            f"| /metrics | {r.replicas} | {n} | {r.metrics_p50_ms:.2f} | {r.metrics_p99_ms:.2f} "
+            f"| {r.metrics_cpu_ms:.2f} |",
+            f"| /health (floor) | {r.replicas} | {n} | {r.health_p50_ms:.2f} | {r.health_p99_ms:.2f} "
+            f"| {r.health_cpu_ms:.2f} |",
+            "",
+            f"/metrics: {r.bytes:,} bytes, {r.samples:,} samples; median {r.ratio:.1f}x /health's; "
+            f"p99 {verdict} the {SCRAPE_TARGET_MS:.0f} ms target.",
+        ]
+    )
+
+
 def table(results: list[Result]) -> str:
     direct = {(r.scenario, r.concurrency): r for r in results if r.target == "direct"}
     lines = [
@@ -219,6 +334,38 @@ async def bench(args: argparse.Namespace) -> list[Result]:
         return results
 
 
+def _meta(argv: Sequence[str] | None, t0: float) -> dict[str, object]:
+    return {
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "wall_s": round(time.monotonic() - t0, 1),
+        "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine during the run
+        "command": "python -m bench.overhead " + " ".join(argv or sys.argv[1:]),
+    }
+
+
+def write_requests(out: Path, meta: dict[str, object], results: list[Result]) -> str:
+    md = table(results)
+    (out / "overhead.json").write_text(
+        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2)
+    )
+    (out / "overhead.md").write_text(
+        f"# Gateway overhead\n\n`{meta['command']}` ({meta['cores']} cores, {meta['wall_s']} s)\n\n{md}\n"
+    )
+    return md
+
+
+def write_scrape(out: Path, meta: dict[str, object], r: ScrapeResult) -> str:
+    md = scrape_table(r)
+    doc = {"meta": meta, "result": asdict(r) | {"ratio": r.ratio, "target_ms": SCRAPE_TARGET_MS}}
+    (out / "metrics_scrape.json").write_text(json.dumps(doc, indent=2))
+    (out / "metrics_scrape.md").write_text(
+        f"# /metrics scrape, {r.replicas} replicas\n\n`{meta['command']}` ({meta['cores']} cores, "
+        f"load average {meta['load_average_1m']} at the end)\n\n{md}\n"
+    )
+    return md
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", type=int, default=16, help="the higher concurrency level (default 16)")
@@ -227,25 +374,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=10, help="slices per scenario; targets alternate (default 10)"
     )
     p.add_argument("--no-router", action="store_true", help="skip sglang-router")
+    p.add_argument("--scrapes", type=int, default=300, help="GET /metrics (and /health) count (300)")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--scrape-only", action="store_true", help="only the /metrics scrape measurement")
+    only.add_argument("--no-scrape", action="store_true", help="skip the /metrics scrape measurement")
     p.add_argument("--out", type=Path, default=OUT_DIR)
     args = p.parse_args(argv)
-    t0 = time.monotonic()
-    results = asyncio.run(bench(args))
-    md = table(results)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "cores": os.cpu_count(),
-        "python": sys.version.split()[0],
-        "wall_s": round(time.monotonic() - t0, 1),
-        "command": "python -m bench.overhead " + " ".join(argv or sys.argv[1:]),
-    }
-    (args.out / "overhead.json").write_text(
-        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2)
-    )
-    (args.out / "overhead.md").write_text(
-        f"# Gateway overhead\n\n`{meta['command']}` ({meta['cores']} cores, {meta['wall_s']} s)\n\n{md}\n"
-    )
-    print(md)
+    if not args.scrape_only:
+        t0 = time.monotonic()
+        results = asyncio.run(bench(args))
+        print(write_requests(args.out, _meta(argv, t0), results))
+    if not args.no_scrape:
+        t0 = time.monotonic()
+        print(
+            f"  /metrics scrape: {SCRAPE_REPLICAS} emulated replicas, {args.scrapes} scrapes ...", flush=True
+        )
+        result = asyncio.run(scrape(args.scrapes, args.out / "logs"))
+        print(write_scrape(args.out, _meta(argv, t0), result))
     return 0
 
 

@@ -7,6 +7,7 @@
     kvroute probe    HiCache eviction-reuse probe of a replica or gateway (diag.probe)
     kvroute ab       cold/hot A/B of one or more replicas or gateways (diag.ab)
     kvroute warm     warm documents on a kvroute fleet (diag.warm)
+    kvroute status   a gateway's live status in the terminal (diag.status)
 
 Sub-commands are imported lazily by name, so that the gateway never imports the emulator or the bench.
 """
@@ -28,6 +29,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("diag.probe", "HiCache eviction-reuse probe (cold, pressure, re-send, re-send)"),
     "ab": ("diag.ab", "cold/hot A/B with /flush_cache, median of 3 runs"),
     "warm": ("diag.warm", "warm documents on a kvroute fleet before their first question"),
+    "status": ("diag.status", "a gateway's live status: replicas, load, fill, hit ratio, decisions"),
 }
 
 

@@ -69,7 +69,6 @@ class Attempt:
         if self.ttft is None:
             self.ttft = asyncio.get_running_loop().time() - self.t0
             self.lease.first_token()
-            self.gw.metrics.ttft.labels(self.route).observe(self.ttft)
 
     def whole_body(self) -> None:
         """A non-streamed answer arrived: prefill and decode are done, so there is no TTFT to learn
@@ -153,16 +152,14 @@ def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
 
 def _finish(gw: Gateway, ticket: Ticket, a: Attempt, access: Access) -> None:
     u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
-    decode = asyncio.get_running_loop().time() - a.t0 - a.ttft if a.ttft is not None else None
+    elapsed = asyncio.get_running_loop().time() - a.t0
+    decode = elapsed - a.ttft if a.ttft is not None else None
     report = Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft, u.completion_tokens, decode)
     gw.router.finish(ticket, report)
+    gw.metrics.attempt_done(a.route, ticket, report, elapsed)
     access.replica, access.reason, access.ttft_s = a.replica, ticket.decision.reason.value, a.ttft
     access.prompt_tokens, access.cached_tokens = u.prompt_tokens, u.cached_tokens
     access.completion_tokens, access.attempts = u.completion_tokens, access.attempts + 1
-    if u.prompt_tokens is not None:
-        gw.metrics.prompt_tokens.labels(a.replica).inc(u.prompt_tokens)
-    if u.cached_tokens is not None:
-        gw.metrics.cached_tokens.labels(a.replica).inc(u.cached_tokens)
 
 
 async def _try(

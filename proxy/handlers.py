@@ -76,13 +76,19 @@ def _route_label(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
+_HTTP_ERRORS = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+
+
 @web.middleware
 async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """GatewayError → OpenAI-shaped JSON (with the request id); counts every answer by route/status."""
+    """GatewayError → OpenAI-shaped JSON (with the request id); counts every answer by route and status,
+    and every error answer by the code of the error kvroute made (``GatewayMetrics.answered``)."""
     gw = request.app[GATEWAY]
+    error: str | None = None  # the code of the error kvroute made, a metric label
     try:
         resp = await handler(request)
     except GatewayError as e:
+        error = e.code or e.type
         headers = (
             {"x-request-id": request.headers.get("x-request-id", "")}
             if gw.settings.request_id_headers
@@ -94,8 +100,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             raise
         err = GatewayError(e.reason)
         err.status, err.type = e.status, "invalid_request_error" if e.status < 500 else "internal_error"
+        error = _HTTP_ERRORS.get(e.status, err.type)
         resp = err.to_response({"Allow": e.headers["Allow"]} if "Allow" in e.headers else None)
-    gw.metrics.requests.labels(_route_label(request), str(resp.status)).inc()
+    gw.metrics.answered(_route_label(request), resp.status, error)
     if gw.settings.access_log:
         log_access(request, resp)
     return resp

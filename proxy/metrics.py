@@ -1,71 +1,99 @@
-"""Prometheus metrics of one gateway, in a per-app registry (never the global one).
+"""What one gateway observes of itself and its fleet: a per-app Prometheus registry (never the global
+one), the recent history behind /status, and the replicas' own metrics.
 
-kvroute_requests_total{route,status}          requests answered, by route and HTTP status
-kvroute_decisions_total{policy,reason}        routing decisions by Reason
-kvroute_upstream_errors_total{replica,kind}   connection failures, timeouts, 5xx before the first byte
-kvroute_retries_total{replica}                 attempts moved to another replica
-kvroute_stream_errors_total{replica}           streams cut after their first byte (one SSE error event)
-kvroute_client_disconnects_total{route}        clients that left early (upstream aborted)
-kvroute_ttft_seconds{route}                    time from the upstream send to its first body byte
-kvroute_inflight_requests{replica}             requests in flight per replica (collected at scrape)
-kvroute_replica_healthy{replica}               1 when the replica is in the pool, 0 when it is out
-kvroute_cached_tokens_total / kvroute_prompt_tokens_total{replica}  from the relayed ``usage``
-kvroute_model_cached_tokens_{predicted,actual}_mean{replica}  the cache model's prediction vs the report
-kvroute_model_error_ratio{replica}             sum |predicted - reported cached| / sum prompt tokens
+Families (``kvroute_`` prefix, base units; labels bounded: routes, status codes, error codes, reasons,
+tiers and the fleet's replica ids, never a request id or a prompt). Counted as requests are answered:
+
+kvroute_requests_total{route,status}                  answers by route (aiohttp path) and HTTP status
+kvroute_errors_total{route,status_class,error}        answers >= 400: ``error`` is the code of the error
+                                                      kvroute made (upstream_unavailable, upstream_timeout,
+                                                      no_replica_available, model_not_found, ...) or
+                                                      ``replica`` for a replica's own error answer, relayed
+kvroute_decisions_total{policy,reason}                routing decisions by Reason
+kvroute_upstream_errors_total{replica,kind}           connection failures, timeouts, 5xx before the first byte
+kvroute_retries_total{replica}                        attempts moved to another replica
+kvroute_stream_errors_total{replica}                  streams cut after their first byte (one SSE error event)
+kvroute_client_disconnects_total{route}               clients that left early (upstream aborted)
+kvroute_ttft_seconds{route}                           histogram: upstream send to first body byte (streams)
+kvroute_replica_ttft_seconds{replica}                 the same, per replica
+kvroute_request_duration_seconds{route}               histogram: upstream send to the end of a good answer
+kvroute_replica_request_duration_seconds{replica}     the same, per replica
+kvroute_prompt_tokens_total / kvroute_cached_tokens_total{replica}   from the relayed ``usage``
+kvroute_predicted_cached_tokens_total{replica}        what the cache model predicted for those same requests
+
+Collected at scrape time (``proxy/fleet_metrics.py``): replica health, requests in flight, queued prefill
+work (seconds, tokens), utilization and arrival rate (``proxy/load.py``); the cache model's blocks,
+tokens, capacity and estimated bytes per replica and tier; its prediction accuracy; each replica's own
+``sglang:*`` figures re-exported as ``kvroute_replica_sglang_<name>{replica}`` with the scraper's state
+(``proxy/replica_metrics.py``); the process's own ``process_*`` figures (memory, CPU, file descriptors).
+
+Written by ``proxy.exposition`` (10x faster than prometheus-client's ``generate_latest``, which still
+sees the same families through ``registry``); the counters and histograms are its ``FastCounter`` and
+``FastHistogram``, with prometheus-client's ``labels(...).inc()`` shape.
+
+Re-exported names get the ``kvroute_replica_sglang_`` prefix rather than keeping SGLang's name with a
+``replica`` label: a Prometheus that scrapes the replicas directly as well (deploy/prometheus does) would
+otherwise hold two series of ``sglang:num_running_reqs`` per replica, one of them a sampled copy up to a
+scrape interval old, and every ``sum(sglang:...)`` would count the fleet twice.
+
+Hooks for other modules:
+
+- ``register_source(name, source, help, label="state")``: a gauge family ``kvroute_<name>{<label>}``
+  read from ``source()`` (a mapping of label value to number) at every scrape; e.g. warm-up jobs or
+  documents by state, ``register_source("warmup_jobs", lambda: {"queued": 2, "done": 9}, "Warm-up jobs
+  by state")``, or the Redis sync state, ``register_source("state_sync", lambda: {"connected": 1.0,
+  "lag_seconds": 0.2}, "Redis state sync", label="field")``. A source that raises is skipped (logged).
+- ``register_section(key, source)``: ``source()`` (JSON-able) becomes ``/status[key]``; the status page
+  shows the ``warmup`` section when one is registered under that key.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.registry import Collector
 
+from proxy.exposition import FastCounter, FastHistogram, TextCollector, TextFamily, render
+from proxy.fleet_metrics import AccuracyCollector, MembershipCollector, ScrapedCollector
+from proxy.history import History, Outcome
+from proxy.replica_metrics import ReplicaScraper
 from routing.calibration import AccuracyStats
+from routing.types import Report
 
+if TYPE_CHECKING:
+    from routing.router import Ticket
+
+log = logging.getLogger("kvroute.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+Source = Callable[[], Mapping[str, float]]
+C = TypeVar("C", bound=Collector)
 
 
-class _ReplicaCollector(Collector):
-    """Per replica at scrape time: (id, requests in flight, healthy)."""
+class _SourceCollector(TextCollector):
+    """The families other modules registered (``register_source``)."""
 
-    def __init__(self, source: Callable[[], Iterable[tuple[str, int, bool]]]) -> None:
-        self._source = source
+    def __init__(self) -> None:
+        self.sources: dict[str, tuple[Source, str, str]] = {}
 
-    def collect(self) -> Iterator[Metric]:
-        inflight = GaugeMetricFamily(
-            "kvroute_inflight_requests", "Requests in flight per replica", labels=["replica"]
-        )
-        healthy = GaugeMetricFamily(
-            "kvroute_replica_healthy", "1 when the replica is in the pool, else 0", labels=["replica"]
-        )
-        for replica, n, ok in self._source():
-            inflight.add_metric([replica], n)
-            healthy.add_metric([replica], 1.0 if ok else 0.0)
-        yield inflight
-        yield healthy
-
-
-class _AccuracyCollector(Collector):
-    """The cache model's accuracy per replica, read from ``CacheModel.accuracy()`` at scrape time."""
-
-    def __init__(self, source: Callable[[], Mapping[str, AccuracyStats]]) -> None:
-        self._source = source
-
-    def collect(self) -> Iterator[Metric]:
-        names = {
-            "kvroute_model_cached_tokens_predicted_mean": "Mean cached tokens the model predicted",
-            "kvroute_model_cached_tokens_actual_mean": "Mean cached tokens the replica reported",
-            "kvroute_model_error_ratio": "Sum |predicted - reported cached| / sum prompt tokens",
-        }
-        fams = {n: GaugeMetricFamily(n, h, labels=["replica"]) for n, h in names.items()}
-        for replica, a in self._source().items():
-            fams["kvroute_model_cached_tokens_predicted_mean"].add_metric([replica], a.mean_predicted_tokens)
-            fams["kvroute_model_cached_tokens_actual_mean"].add_metric([replica], a.mean_actual_tokens)
-            fams["kvroute_model_error_ratio"].add_metric([replica], a.error_ratio)
-        yield from fams.values()
+    def text(self) -> Iterator[str]:
+        for name, (source, help_, label) in list(self.sources.items()):
+            try:
+                values = dict(source())
+            except Exception:  # a broken source must not break the scrape
+                log.exception("metrics source %s failed", name)
+                continue
+            fam = TextFamily(f"kvroute_{name}", help_, "gauge", (label,))
+            for key, value in values.items():
+                fam.add((str(key),), float(value))
+            yield fam.text()
 
 
 class GatewayMetrics:
@@ -75,33 +103,122 @@ class GatewayMetrics:
         accuracy: Callable[[], Mapping[str, AccuracyStats]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.requests = Counter("kvroute_requests", "Requests answered", ["route", "status"], registry=r)
-        self.decisions = Counter("kvroute_decisions", "Routing decisions", ["policy", "reason"], registry=r)
-        self.upstream_errors = Counter(
-            "kvroute_upstream_errors", "Upstream failures", ["replica", "kind"], registry=r
+        self._collectors: list[Collector] = []  # in registration order: what render() writes
+        self._counters()
+        self.ttft = self._histogram("ttft_seconds", "Upstream send to first body byte", TTFT_BUCKETS)
+        self.duration = self._histogram(
+            "request_duration_seconds", "Upstream send to the end of a good answer", DURATION_BUCKETS
         )
-        self.retries = Counter(
-            "kvroute_retries", "Attempts moved to another replica", ["replica"], registry=r
-        )
-        self.stream_errors = Counter(
-            "kvroute_stream_errors", "Streams cut after the first byte", ["replica"], registry=r
-        )
-        self.disconnects = Counter(
-            "kvroute_client_disconnects", "Clients that left early", ["route"], registry=r
-        )
-        self.ttft = Histogram(
-            "kvroute_ttft_seconds", "Upstream time to first byte", ["route"], buckets=TTFT_BUCKETS, registry=r
-        )
-        self.prompt_tokens = Counter(
-            "kvroute_prompt_tokens", "Prompt tokens reported", ["replica"], registry=r
-        )
-        self.cached_tokens = Counter(
-            "kvroute_cached_tokens", "Cached prompt tokens reported", ["replica"], registry=r
-        )
-        r.register(_ReplicaCollector(replicas))
+        self.history = History()
+        self.scraper = ReplicaScraper(lambda: [rid for rid, _, ok in replicas() if ok])
+        self._sources = _SourceCollector()
+        self._sections: dict[str, Callable[[], Any]] = {}
+        self._watched = False
+        self._add(MembershipCollector(replicas))
         if accuracy is not None:
-            r.register(_AccuracyCollector(accuracy))
+            self._add(AccuracyCollector(accuracy))
+        self._add(ScrapedCollector(self.scraper))
+        self._add(self._sources)
+        self._add(ProcessCollector(registry=None))
+
+    def _histogram(
+        self, name: str, help_: str, buckets: tuple[float, ...]
+    ) -> tuple[FastHistogram, FastHistogram]:
+        """Two families: ``kvroute_<name>{route}`` and ``kvroute_replica_<name>{replica}`` (not one with
+        both labels: its series would grow as routes x replicas)."""
+        per_route = FastHistogram(f"kvroute_{name}", help_, ("route",), buckets)
+        per_replica = FastHistogram(f"kvroute_replica_{name}", help_ + ", per replica", ("replica",), buckets)
+        return self._add(per_route), self._add(per_replica)
+
+    def _add(self, collector: C) -> C:
+        self.registry.register(collector)
+        self._collectors.append(collector)
+        return collector
+
+    def _counters(self) -> None:
+        def counter(name: str, help_: str, *labels: str) -> FastCounter:
+            return self._add(FastCounter(name, help_, labels))
+
+        self.requests = counter("kvroute_requests", "Requests answered", "route", "status")
+        self.errors = counter("kvroute_errors", "Error answers", "route", "status_class", "error")
+        self.decisions = counter("kvroute_decisions", "Routing decisions", "policy", "reason")
+        self.upstream_errors = counter("kvroute_upstream_errors", "Upstream failures", "replica", "kind")
+        self.retries = counter("kvroute_retries", "Attempts moved to another replica", "replica")
+        self.stream_errors = counter("kvroute_stream_errors", "Streams cut after the first byte", "replica")
+        self.disconnects = counter("kvroute_client_disconnects", "Clients that left early", "route")
+        self.prompt_tokens = counter("kvroute_prompt_tokens", "Prompt tokens reported", "replica")
+        self.cached_tokens = counter("kvroute_cached_tokens", "Cached prompt tokens reported", "replica")
+        self.predicted_cached = counter(
+            "kvroute_predicted_cached_tokens", "Cached tokens the cache model predicted", "replica"
+        )
+
+    # ---- what the request path reports ----
+    def answered(self, route: str, status: int, error: str | None) -> None:
+        """One answer sent; ``error`` is the code of an error kvroute made (None: it made none)."""
+        self.requests.labels(route, str(status)).inc()
+        if status >= 400:
+            self.errors.labels(route, f"{status // 100}xx", error or "replica").inc()
+
+    def attempt_done(self, route: str, ticket: Ticket, report: Report, seconds: float) -> None:
+        """One attempt on ``ticket.replica`` finished after ``seconds`` with what the replica reported."""
+        replica, pred = ticket.replica, ticket.prediction
+        if report.ttft_s is not None:
+            for h, label in zip(self.ttft, (route, replica), strict=True):
+                h.observe(report.ttft_s, label)
+        if report.ok:
+            for h, label in zip(self.duration, (route, replica), strict=True):
+                h.observe(seconds, label)
+        if report.prompt_tokens is not None:
+            self.prompt_tokens.labels(replica).inc(report.prompt_tokens)
+        if report.cached_tokens is not None:
+            self.cached_tokens.labels(replica).inc(report.cached_tokens)
+            self.predicted_cached.labels(replica).inc(pred.cached_tokens)
+        self.history.add(
+            Outcome(
+                at=time.time(),
+                route=route,
+                replica=replica,
+                reason=ticket.decision.reason.value,
+                ok=report.ok,
+                predicted_ttft_s=pred.terms.total,
+                predicted_cached_tokens=pred.cached_tokens,
+                ttft_s=report.ttft_s,
+                prompt_tokens=report.prompt_tokens,
+                cached_tokens=report.cached_tokens,
+            )
+        )
+
+    # ---- hooks ----
+    def register_source(self, name: str, source: Source, help_: str, label: str = "state") -> None:
+        """See the module docstring; ValueError for a bad or taken name."""
+        if not _NAME.fullmatch(name) or not _NAME.fullmatch(label):
+            raise ValueError(f"metric source name {name!r} / label {label!r}: use [a-z][a-z0-9_]*")
+        taken = {m.name for m in self.registry.collect()} | set(self._sources.sources)
+        if f"kvroute_{name}" in taken or name in taken:
+            raise ValueError(f"a metric family kvroute_{name} already exists")
+        self._sources.sources[name] = (source, help_, label)
+
+    def register_section(self, key: str, source: Callable[[], Any]) -> None:
+        self._sections[key] = source
+
+    def sections(self) -> dict[str, Any]:
+        """The registered /status sections, each read now (one that raises is reported as its error)."""
+        out: dict[str, Any] = {}
+        for key, source in self._sections.items():
+            try:
+                out[key] = source()
+            except Exception as e:
+                log.exception("status section %s failed", key)
+                out[key] = {"error": f"{type(e).__name__}: {e}"}
+        return out
+
+    def watch(self, collector: Collector) -> None:
+        """Registers the fleet collector once the app starts (``proxy.observe.observe_ctx``)."""
+        if not self._watched:
+            self._add(collector)
+            self._watched = True
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text exposition (``proxy.exposition``; ``generate_latest(self.registry)`` gives the same
+        samples, slower, plus ``_created`` series)."""
+        return render(self._collectors)

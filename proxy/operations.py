@@ -7,14 +7,14 @@ POST /flush_cache           fanned out to every healthy replica (as sglang-route
                             (it wipes every replica's cache), 200 only if every replica flushed
 GET  /health                liveness: 200 while the process serves
 GET  /ready                 readiness: 200 once at least one replica is healthy, else 503
-GET  /status  /metrics      the gateway's state as JSON; Prometheus text
+GET  /status                the gateway's state: JSON (``proxy/status_doc.py``) for programs, the live
+                            status page for browsers (``proxy/status_page.py``)
+GET  /metrics               Prometheus text (``proxy/metrics.py``)
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import time
 from typing import Any
 
 import orjson
@@ -23,8 +23,10 @@ from aiohttp import web
 from proxy.admin import authorize
 from proxy.context import GATEWAY, Gateway
 from proxy.errors import ModelNotFound, UpstreamError
+from proxy.metrics import CONTENT_TYPE
 from proxy.model_names import resolve
-from proxy.state_sync import STATE_SYNC
+from proxy.status_doc import status_document
+from proxy.status_page import page_response, wants_html
 
 MODELS_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 30.0
@@ -105,27 +107,14 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    replicas = [r.status() for r in gw.fleet.replicas()]
-    router = gw.router.status()
-    return _json(
-        {
-            "time": time.time(),
-            "policy": router.policy,
-            "healthy_replicas": sum(1 for r in replicas if r["healthy"]),
-            "replicas": replicas,
-            "models": sorted(gw.fleet.models()),
-            "cache_model": {rid: dataclasses.asdict(a) for rid, a in gw.router.accuracy().items()},
-            "router": dataclasses.asdict(router),
-            "state": sync.status() if (sync := request.app.get(STATE_SYNC)) is not None else None,
-            "config": {k: v for k, v in gw.settings.redacted().items() if k not in {"backends"}},
-        }
-    )
+    if wants_html(request):
+        return page_response()
+    return _json(status_document(request.app[GATEWAY]))
 
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[GATEWAY].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def add_routes(app: web.Application) -> None:

@@ -25,6 +25,7 @@ from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
+from proxy.observe import observe_ctx
 from proxy.serving import StartupError, serve
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
@@ -92,6 +93,7 @@ def build_app(settings: Settings) -> web.Application:
     if settings.discover:
         app[DISCOVERY] = discovery_for(settings, app[GATEWAY].fleet)
         app.cleanup_ctx.append(_discovery_ctx)
+    app.cleanup_ctx.append(observe_ctx)
     r = app.router
     r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))

@@ -1,9 +1,9 @@
 """A read-only view of the ``Router``'s state, for ``/status`` and debugging (plain values).
 
-Per replica: the blocks the cache model holds per tier, the engine tokens they weigh and the tiers'
-capacities in tokens, the effective-capacity factors and the accuracy of its cached-token
-predictions (``routing.calibration``), and the learned rates (``routing.rates``). Fleet-wide: the
-policy, the token estimate, the blocks held over all replicas and the tickets still open.
+Per replica: the blocks the cache model holds per tier, the engine tokens they weigh, the tiers'
+capacities in tokens and the bytes of their tables, the effective-capacity factors and the accuracy of
+its cached-token predictions (``routing.calibration``), and the learned rates (``routing.rates``).
+Fleet-wide: the policy, the token estimate, the blocks held over all replicas and the tickets still open.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class TierView:
     blocks: int
     tokens: float  # the engine tokens its blocks weigh
     capacity_tokens: float
+    table_bytes: int = 0  # the tier's dict table (``BlockLru.table_bytes``), without the key objects
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class RouterStatus:
 
 
 def _tier(lru: BlockLru) -> TierView:
-    return TierView(len(lru), lru.tokens, lru.capacity)
+    return TierView(len(lru), lru.tokens, lru.capacity, lru.table_bytes())
 
 
 def router_status(router: Router, open_tickets: int) -> RouterStatus:

@@ -14,7 +14,18 @@ from aiohttp import web
 from proxy.context import GATEWAY, Gateway
 from tests.conftest import MODEL, Emu, Emulators, StartGateway, serve, wait_for
 
-__all__ = ["ADMIN", "EMU_FLAGS", "MODEL", "SYSTEM", "Stack", "StackFactory", "post", "serve", "wait_for"]
+__all__ = [
+    "ADMIN",
+    "EMU_FLAGS",
+    "MODEL",
+    "PLAIN_FLAGS",
+    "SYSTEM",
+    "Stack",
+    "StackFactory",
+    "post",
+    "serve",
+    "wait_for",
+]
 ADMIN_KEY = "test-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the admin API and /flush_cache
 
@@ -38,6 +49,9 @@ EMU_FLAGS = (
     "--max-total-tokens",
     "100000",
 )
+# a replica as SGLang starts by default: no HiCache, no --enable-metrics (the status views warn about both)
+_HICACHE = EMU_FLAGS.index("--enable-hierarchical-cache")
+PLAIN_FLAGS = tuple(f for f in EMU_FLAGS[:_HICACHE] + EMU_FLAGS[_HICACHE + 3 :] if f != "--enable-metrics")
 # long enough to fill cache pages: a repeated request gets cached_tokens > 0
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 20}
 

@@ -128,6 +128,7 @@ async def test_metrics_endpoint(stack: Stack) -> None:
     assert 'kvroute_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
     assert 'kvroute_decisions_total{policy="round_robin",reason="round_robin"} 2.0' in text
     assert 'kvroute_ttft_seconds_count{route="completions"} 1.0' in text  # streamed requests only
+    assert text.count("kvroute_replica_ttft_seconds_count{replica=") == 1  # and per replica
     assert "kvroute_ttft_seconds_bucket" in text and "kvroute_inflight_requests{replica=" in text
 
 

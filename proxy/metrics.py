@@ -130,6 +130,10 @@ class GatewayMetrics:
         per_replica = FastHistogram(f"kvroute_replica_{name}", help_ + ", per replica", ("replica",), buckets)
         return self._add(per_route), self._add(per_replica)
 
+    def add(self, collector: C) -> C:
+        """Another module's collector, in ``/metrics`` (``registry`` and ``render``) as the gateway's."""
+        return self._add(collector)
+
     def _add(self, collector: C) -> C:
         self.registry.register(collector)
         self._collectors.append(collector)

@@ -39,11 +39,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
 from proxy.access_log import access_of
 from proxy.context import GATEWAY
 from proxy.forward import Tap, request_id
+from proxy.metrics import GatewayMetrics
 from proxy.response_answer import Answer, hit_body, hit_stream, hit_usage
 from proxy.response_capture import Capture
 from proxy.response_store import MemoryStore, RedisStore, Store, store_key
@@ -133,12 +134,14 @@ def plan_for(request: web.Request, parsed: ParsedRequest) -> Plan | None:
 class ResponseCache:
     """Lookup, replay and store around ``forward``; one per gateway (``RESPONSE_CACHE``)."""
 
-    def __init__(self, settings: Settings, store: Store, registry: CollectorRegistry) -> None:
+    def __init__(self, settings: Settings, store: Store, metrics: GatewayMetrics) -> None:
         self.settings, self.store = settings, store
-        self.results = Counter(
-            "kvroute_response_cache", "Eligible-or-not answers by cache result", ["result"], registry=registry
+        self.results = metrics.add(
+            Counter(
+                "kvroute_response_cache", "Eligible-or-not answers by cache result", ["result"], registry=None
+            )
         )
-        self.stored = Counter("kvroute_response_cache_stores", "Answers written", registry=registry)
+        self.stored = metrics.add(Counter("kvroute_response_cache_stores", "Answers written", registry=None))
 
     async def serve(
         self, request: web.Request, parsed: ParsedRequest, upstream: Upstream
@@ -225,7 +228,7 @@ def install(app: web.Application) -> None:
     st = app[GATEWAY].settings
     if st.response_cache == "off":
         return
-    cache = ResponseCache(st, make_store(st), app[GATEWAY].metrics.registry)
+    cache = ResponseCache(st, make_store(st), app[GATEWAY].metrics)
     app[RESPONSE_CACHE] = cache
     app.cleanup_ctx.append(cache.lifetime)
     app.on_response_prepare.append(_header)

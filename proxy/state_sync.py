@@ -195,7 +195,7 @@ def add_to(app: web.Application) -> None:
         return
     sync = StateSync(gw, store_from_url(gw.settings.state, gw.settings.state_namespace))
     gw.router.share()
-    gw.metrics.registry.register(SyncCollector(sync))
+    gw.metrics.add(SyncCollector(sync))
     gw.metrics.register_section("state", sync.status)
     app[STATE_SYNC] = sync
     app.cleanup_ctx.append(_sync_ctx)

@@ -25,9 +25,10 @@ Prometheus stores as series of their own). Numbers are formatted as prometheus-c
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Container, Iterable, Iterator, Sequence
 from functools import lru_cache
 from math import inf
+from typing import Any
 
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,7 +112,21 @@ class _CounterChild:
         self.value += amount
 
 
-class FastCounter(TextCollector):
+class _Labelled:
+    """Children per label values; ``retain`` drops those whose ``label`` is not in ``keep``."""
+
+    _names: tuple[str, ...]
+    _children: dict[tuple[str, ...], Any]
+
+    def retain(self, label: str, keep: Container[str]) -> None:
+        if label not in self._names:
+            return
+        i = self._names.index(label)
+        for values in [v for v in self._children if v[i] not in keep]:
+            del self._children[values]
+
+
+class FastCounter(_Labelled, TextCollector):
     """``labels(*values).inc(n)``, as prometheus-client's ``Counter``; written as ``<name>_total``."""
 
     def __init__(self, name: str, help_: str, labels: Sequence[str]) -> None:
@@ -153,7 +168,7 @@ class _Child:
         self.sum += value
 
 
-class FastHistogram(TextCollector):
+class FastHistogram(_Labelled, TextCollector):
     """``labels(*values).observe(v)`` / ``observe(v, *values)``; buckets are upper bounds (le), +Inf added."""
 
     def __init__(self, name: str, help_: str, labels: Sequence[str], buckets: Iterable[float]) -> None:
@@ -168,9 +183,6 @@ class FastHistogram(TextCollector):
         if child is None:
             child = self._children[values] = _Child(labels_text(self._names, values), len(self._bounds))
         child.observe(value, self._bounds)
-
-    def remove(self, *values: str) -> None:
-        self._children.pop(values, None)
 
     def text(self) -> Iterator[str]:
         yield self._head

@@ -110,7 +110,8 @@ class GatewayMetrics:
             "request_duration_seconds", "Upstream send to the end of a good answer", DURATION_BUCKETS
         )
         self.history = History()
-        self.scraper = ReplicaScraper(lambda: [rid for rid, _, ok in replicas() if ok])
+        self._replicas = replicas
+        self.scraper = ReplicaScraper(lambda: [(rid, ok) for rid, _, ok in replicas()])
         self._sources = _SourceCollector()
         self._sections: dict[str, Callable[[], Any]] = {}
         self._watched = False
@@ -224,5 +225,10 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         """The text exposition (``proxy.exposition``; ``generate_latest(self.registry)`` gives the same
-        samples, slower, plus ``_created`` series)."""
+        samples, slower, plus ``_created`` series). Series of replicas that left the fleet are dropped
+        first, so label sets stay bounded by the fleet however often replicas come and go."""
+        fleet = {rid for rid, _, _ in self._replicas()}
+        for c in self._collectors:
+            if isinstance(c, FastCounter | FastHistogram):
+                c.retain("replica", fleet)
         return render(self._collectors)

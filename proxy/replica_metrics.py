@@ -110,11 +110,12 @@ def parse(text: str, at: float) -> Scraped:
 
 
 class ReplicaScraper:
-    """See the module docstring. ``replicas`` lists the ids to scrape now (the healthy ones)."""
+    """See the module docstring. ``replicas`` lists the fleet as (id, healthy): the healthy ones are
+    scraped; the others keep their last figures (with their growing age) until they leave the fleet."""
 
     def __init__(
         self,
-        replicas: Callable[[], Iterable[str]],
+        replicas: Callable[[], Iterable[tuple[str, bool]]],
         interval_s: float = MAX_INTERVAL_S,
         timeout_s: float | None = None,
         window_s: float = WINDOW_S,
@@ -135,10 +136,10 @@ class ReplicaScraper:
             await asyncio.sleep(self.interval_s)
 
     async def scrape_all(self, upstream: Upstream) -> None:
-        ids = list(self._replicas())
-        for gone in [r for r in self.states if r not in ids]:
+        fleet = dict(self._replicas())
+        for gone in [r for r in self.states if r not in fleet]:
             del self.states[gone]
-        await asyncio.gather(*(self.scrape(upstream, r) for r in ids))
+        await asyncio.gather(*(self.scrape(upstream, r) for r, healthy in fleet.items() if healthy))
 
     async def scrape(self, upstream: Upstream, replica: str) -> None:
         state = self.states.setdefault(replica, ScrapeState())

@@ -86,6 +86,7 @@ async def test_every_series_the_dashboard_names_is_exported(
     assert not missing and len(named) > 25
 
 
+@pytest.mark.timeout(600)  # the first run may fetch Debian's prometheus package
 def test_promtool_accepts_the_scrape_configuration() -> None:
     _, promtool = prometheus_or_skip()
     done = subprocess.run([promtool, "check", "config", str(PROMETHEUS_YML)], capture_output=True, timeout=60)
@@ -108,6 +109,7 @@ async def _query(http: aiohttp.ClientSession, base: str, expr: str) -> list[Any]
     return result
 
 
+@pytest.mark.timeout(600)
 async def test_prometheus_scrapes_the_fleet_and_runs_every_query(
     emulator_server: Emulators, gateway: StartGateway, tmp_path: Path
 ) -> None:

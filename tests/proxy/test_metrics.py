@@ -107,7 +107,29 @@ async def test_error_answers_by_the_code_kvroute_made(stack: Stack) -> None:
         "no_replica_available": ("5xx", 1.0),
     }
     assert by(text, "kvroute_upstream_errors_total", "kind") == {"upstream_unavailable": 3.0}
+    assert sum(by(text, "kvroute_retries_total", "replica").values()) == 2  # 1 + retries=2 attempts
     assert sum(by(text, "kvroute_replica_healthy", "replica").values()) == 0
+
+
+async def test_cut_streams_and_departed_clients_are_counted(stack: Stack) -> None:
+    for r in stack.replicas:
+        await r.fault(action="cut_stream", after_chunks=2)
+    status, served, _ = await chat(stack.url, "a stream that breaks", stream=True)
+    text = await scrape(stack)
+    assert status == 200 and by(text, "kvroute_stream_errors_total", "replica") == {served: 1.0}
+    assert samples(text).get("kvroute_errors_total") is None  # a 200 that broke later: not an error answer
+    for r in stack.replicas:
+        await r.fault(action="clear")
+    body = {"model": MODEL, "messages": [SYSTEM], "stream": True, "max_tokens": 20_000}
+    async with aiohttp.ClientSession() as s:
+        r = await s.post(stack.url + CHAT, data=orjson.dumps(body), headers=JSON)
+        await r.content.readuntil(b"\n\n")
+        r.close()  # the client leaves mid-stream
+
+    async def counted() -> bool:
+        return value(await scrape(stack), "kvroute_client_disconnects_total", route="chat") == 1
+
+    await wait_for(counted)
 
 
 async def test_load_and_cache_model_gauges(stack: Stack) -> None:
@@ -152,6 +174,22 @@ async def test_draining_is_visible(stack: Stack) -> None:
         stack.urls[0]: 0.0,
         stack.urls[1]: 1.0,
     }
+
+
+async def test_a_removed_replica_leaves_no_series(stack: Stack) -> None:
+    for i in range(4):
+        await chat(stack.url, f"question {i}", stream=True)
+    await stack.gw.metrics.scraper.scrape_all(stack.gw.up)
+    gone = stack.urls[1]
+    assert gone in await scrape(stack)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.delete(f"{stack.url}/admin/replicas?url={gone}", headers=ADMIN) as r,
+    ):
+        assert r.status == 200, await r.text()
+    await stack.gw.metrics.scraper.scrape_all(stack.gw.up)
+    text = await scrape(stack)
+    assert gone not in text and stack.urls[0] in text  # counters, histograms, gauges alike
 
 
 def _metrics() -> GatewayMetrics:

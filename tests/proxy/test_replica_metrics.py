@@ -16,6 +16,7 @@ from proxy.replica_metrics import (
     parse,
     scrape_interval,
 )
+from proxy.upstream import Upstream
 from tests.conftest import Emulators, StartGateway
 from tests.proxy.conftest import EMU_FLAGS
 from tests.proxy.prom import samples, value
@@ -58,6 +59,7 @@ async def test_replicas_with_and_without_metrics(emulator_server: Emulators, gat
     assert value(text, "kvroute_replica_sglang_max_total_num_tokens", replica=on.url) == 100_000
     assert value(text, "kvroute_replica_sglang_num_running_reqs", replica=on.url) == 0
     assert 0 <= (value(text, "kvroute_replica_scrape_age_seconds", replica=on.url) or -1) < 5
+    assert 0 < (value(text, "kvroute_replica_scrape_duration_seconds", replica=on.url) or 0) < 2
     sglang = [
         k for name, fam in samples(text).items() if name.startswith("kvroute_replica_sglang_") for k in fam
     ]
@@ -85,6 +87,25 @@ async def test_a_replica_that_stops_answering(emulator_server: Emulators, gatewa
     text = gw.metrics()
     assert value(text, "kvroute_replica_scrape_errors_total", replica=emu.url) == 1
     assert value(text, "kvroute_replica_sglang_max_total_num_tokens", replica=emu.url) == 100_000
+
+
+async def test_an_unhealthy_replica_keeps_its_last_figures(emulator_server: Emulators) -> None:
+    emu = await emulator_server(*EMU_FLAGS)
+    fleet = {emu.url: True}
+    scraper = ReplicaScraper(lambda: list(fleet.items()))
+    async with aiohttp.ClientSession() as session:
+        up = Upstream(session, 5.0, 5.0)
+        await scraper.scrape_all(up)
+        first = scraper.states[emu.url].last_ok
+        await scraper.scrape_all(up)
+        second = scraper.states[emu.url].last_ok
+        assert first is not None and second is not None and second > first  # healthy: scraped again
+        fleet[emu.url] = False  # out of the pool: not scraped, last figures kept, their age grows
+        await scraper.scrape_all(up)
+        assert scraper.states[emu.url].last_ok == second and scraper.states[emu.url].latest is not None
+        del fleet[emu.url]  # left the fleet: forgotten
+        await scraper.scrape_all(up)
+        assert scraper.states == {}
 
 
 EXPOSITION = """\

@@ -33,6 +33,7 @@ async def _bar(page: Any, replica: str, tier: str, kind: str) -> tuple[float, fl
     return float(await track.get_attribute("data-fill")), inner["width"] / outer["width"]
 
 
+@pytest.mark.timeout(900)  # on a machine without Chromium, the set-up installs it with apt-get first
 async def test_status_page_in_chromium(emulator_server: Emulators, gateway: StartGateway) -> None:
     executable = chromium_or_skip()
     from playwright.async_api import async_playwright, expect

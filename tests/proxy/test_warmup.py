@@ -149,6 +149,10 @@ async def test_text_documents_warm_with_generate_and_in_steps(stack_factory: Sta
         assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] > 3000
 
 
+# an emulator stopped in the middle of the gateway's background scrape of its /metrics can leave that
+# one accepted socket to the garbage collector (aiohttp's runner cleanup racing an accept): test harness
+# only, the gateway's own connections are closed
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_beyond_the_gpu_a_write_back_replica_keeps_it_in_host_a_hicache_off_one_loses_it(
     stack_factory: StackFactory,
 ) -> None:

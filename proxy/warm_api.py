@@ -167,8 +167,33 @@ async def warmups_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(task, return_exceptions=True)
 
 
+def warm_section(jobs: WarmJobs) -> dict[str, Any]:
+    """The warm-up part of ``/status``: every document of every job (this gateway's and the others')."""
+    views = [job_view(jobs, j) for j in jobs.jobs.values()] + list(jobs.peer_jobs().values())
+    docs = [
+        {"job": v["id"], "document": d["id"], "tokens": d["tokens"], "status": d["status"]}
+        | {"replicas": ", ".join(f"{p['replica']} {p['status']}" for p in d["replicas"])}
+        for v in views
+        for d in v["documents"]
+    ]
+    return {"jobs": len(views), "documents": docs}
+
+
+def warm_counts(jobs: WarmJobs) -> dict[str, float]:
+    """Documents per state (``kvroute_warmup_documents{state}``), this gateway's jobs only."""
+    out = dict.fromkeys(("queued", "warming", "warm", "cold", "failed", "expired"), 0.0)
+    for job in jobs.jobs.values():
+        for d in job.docs:
+            for p in d.placements:
+                out[p.status] = out.get(p.status, 0.0) + 1
+    return out
+
+
 def add_routes(app: web.Application) -> None:
-    app[WARMUPS] = WarmJobs(app[GATEWAY])
+    app[WARMUPS] = jobs = WarmJobs(app[GATEWAY])
+    metrics = app[GATEWAY].metrics
+    metrics.register_section("warmup", lambda: warm_section(jobs))
+    metrics.register_source("warmup_documents", lambda: warm_counts(jobs), "Warm-up placements by state")
     if (sync := app.get(STATE_SYNC)) is not None:
         sync.parts.append(WarmupsPart(app[WARMUPS]))
     app.cleanup_ctx.append(warmups_ctx)

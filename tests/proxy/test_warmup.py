@@ -223,3 +223,16 @@ async def test_warm_steps_wait_for_live_prefill(stack_factory: StackFactory) -> 
     await asyncio.gather(*live)
     await stack.replicas[0].fault(action="clear")
     assert status == 200 and started and all(n == 0 for n in started)  # never behind live prefill
+
+
+async def test_warmed_documents_show_in_status_and_metrics(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=1)
+    doc = {"id": "handbook", "messages": [{"role": "system", "content": document(5)}]}
+    status, job = await warm(stack.url, {"model": MODEL, "documents": [doc], "wait": True})
+    assert status == 200
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+        section = (await r.json())["warmup"]
+    assert section["jobs"] == 1
+    (row,) = section["documents"]
+    assert (row["job"], row["document"], row["status"]) == (job["id"], "handbook", "warm")
+    assert 'kvroute_warmup_documents{state="warm"} 1' in stack.metrics()

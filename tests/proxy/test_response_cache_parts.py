@@ -57,10 +57,21 @@ def test_continuous_usage_is_only_a_bypass_for_streams() -> None:
 
 
 def test_the_key_ignores_order_and_transport_fields_but_not_output_fields() -> None:
-    base = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 5}
-    same = {"stream": True, "stream_options": {"include_usage": True}, "user": "u", "rid": "r", "priority": 3}
+    base: dict[str, Any] = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 5}
+    same: dict[str, Any] = {
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "u",
+        "rid": "r",
+        "priority": 3,
+    }
     assert _key(base) == _key(dict(reversed(list((base | same).items()))))
-    changed = [{"max_tokens": 6}, {"seed": 1}, {"tools": []}, {"response_format": {"type": "json_object"}}]
+    changed: list[dict[str, Any]] = [
+        {"max_tokens": 6},
+        {"seed": 1},
+        {"tools": []},
+        {"response_format": {"type": "json_object"}},
+    ]
     changed += [{"model": "other"}, {"cache_salt": "t"}, {"lora_path": "a"}, {"logprobs": True}]
     keys = {_key(base | c) for c in changed}
     assert len(keys) == len(changed) and _key(base) not in keys

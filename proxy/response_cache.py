@@ -136,7 +136,7 @@ class ResponseCache:
     def __init__(self, settings: Settings, store: Store, registry: CollectorRegistry) -> None:
         self.settings, self.store = settings, store
         self.results = Counter(
-            "kvroute_response_cache", "Eligible-or-not answers by cache result", ["result"], registry=registry
+            "kvroute_response_cache", "Generation answers by cache result", ["result"], registry=registry
         )
         self.stored = Counter("kvroute_response_cache_stores", "Answers written", registry=registry)
 
@@ -155,8 +155,7 @@ class ResponseCache:
         capture = Capture(plan.chat, self.settings.response_cache_max_bytes)
         resp = await upstream(capture)
         answer = capture.answer()
-        if answer is not None:
-            await self.store.put(plan.key, answer.to_json())
+        if answer is not None and await self.store.put(plan.key, answer.to_json()):
             self.stored.inc()
         return resp
 

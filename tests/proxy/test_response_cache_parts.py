@@ -211,7 +211,7 @@ async def test_memory_store_bounds_bytes_entries_and_age() -> None:
     await store.get("a")
     await store.put("d", b"123456789")  # over 30 bytes: b, the least recently used, goes
     assert [await store.get(k) is not None for k in "abcd"] == [True, False, True, True]
-    await store.put("e", b"x" * 30)  # larger than all of max_bytes: never stored
+    assert not await store.put("e", b"x" * 30)  # larger than all of max_bytes: never stored
     assert await store.get("e") is None and store.bytes == 30
     await store.put("f", b"x" * 19)  # 20 bytes: two old entries leave
     assert len(store) == 2 and store.bytes == 30

@@ -137,9 +137,7 @@ class ResponseCache:
     def __init__(self, settings: Settings, store: Store, metrics: GatewayMetrics) -> None:
         self.settings, self.store = settings, store
         self.results = metrics.add(
-            Counter(
-                "kvroute_response_cache", "Eligible-or-not answers by cache result", ["result"], registry=None
-            )
+            Counter("kvroute_response_cache", "Generation answers by cache result", ["result"], registry=None)
         )
         self.stored = metrics.add(Counter("kvroute_response_cache_stores", "Answers written", registry=None))
 
@@ -158,8 +156,7 @@ class ResponseCache:
         capture = Capture(plan.chat, self.settings.response_cache_max_bytes)
         resp = await upstream(capture)
         answer = capture.answer()
-        if answer is not None:
-            await self.store.put(plan.key, answer.to_json())
+        if answer is not None and await self.store.put(plan.key, answer.to_json()):
             self.stored.inc()
         return resp
 

@@ -55,7 +55,7 @@ class Store(Protocol):
 
     async def get(self, key: str) -> bytes | None: ...
 
-    async def put(self, key: str, value: bytes) -> None: ...
+    async def put(self, key: str, value: bytes) -> bool: ...  # True when written
 
     async def close(self) -> None: ...
 
@@ -85,13 +85,14 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return found[1]
 
-    async def put(self, key: str, value: bytes) -> None:
+    async def put(self, key: str, value: bytes) -> bool:
         if len(key) + len(value) > self.max_bytes:
-            return
+            return False
         self._drop(key)
         self._entries[key] = (self._clock() + self.ttl_s, value)
         self.bytes += len(key) + len(value)
         self._evict()
+        return True
 
     def _evict(self) -> None:
         now = self._clock()
@@ -142,9 +143,10 @@ class RedisStore:
         found = await self._call(lambda c: c.get(key))
         return found if isinstance(found, bytes) else None
 
-    async def put(self, key: str, value: bytes) -> None:
-        if len(key) + len(value) <= self.max_bytes:
-            await self._call(lambda c: c.set(key, value, px=self._ttl_ms))
+    async def put(self, key: str, value: bytes) -> bool:
+        if len(key) + len(value) > self.max_bytes:
+            return False
+        return await self._call(lambda c: c.set(key, value, px=self._ttl_ms)) is True
 
     async def _call(self, op: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
         now = time.monotonic()

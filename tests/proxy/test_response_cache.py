@@ -6,6 +6,7 @@ reference every hit is compared with (the emulator's output is deterministic per
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import openai
@@ -140,7 +141,7 @@ async def test_the_sdk_streams_a_stored_tool_call(cached: Stack) -> None:
     assert call is not None and await computed(cached) == 1
     deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
     assert [(d.id, d.function.name, d.function.arguments) for d in deltas if d.function] == [
-        (call[0].id, call[0].function.name, call[0].function.arguments)  # type: ignore[union-attr]
+        (call[0].id, call[0].function.name, call[0].function.arguments)
     ]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
@@ -254,6 +255,20 @@ async def test_failed_and_cut_answers_are_not_stored(cached: Stack) -> None:
     await replica.fault(action="cut_stream", after_chunks=2, count=1)
     await ask(cached.url, CHAT_PATH, chat("cut once", **USAGE))
     assert (await ask(cached.url, CHAT_PATH, chat("cut once", **USAGE)))[2]["x-kvroute-cache"] == "miss"
+
+
+async def test_the_access_log_names_a_hit(
+    stack_factory: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    stack = await stack_factory(n=1, response_cache="memory", access_log=True)
+    caplog.set_level(logging.INFO, logger="kvroute.access")
+    body = chat("logged twice")
+    usage = [orjson.loads((await ask(stack.url, CHAT_PATH, body))[1])["usage"] for _ in range(2)]
+    miss, hit = [r.getMessage() for r in caplog.records if r.name == "kvroute.access"]
+    assert f"replica={stack.urls[0]}" in miss and "attempts=1" in miss
+    prompt = usage[1]["prompt_tokens"]
+    assert f"replica=- reason=response_cache ttft_ms=- prompt={prompt} cached={prompt}" in hit
+    assert "attempts=0" in hit
 
 
 async def test_off_by_default(stack: Stack) -> None:

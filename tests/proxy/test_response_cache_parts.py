@@ -57,10 +57,21 @@ def test_continuous_usage_is_only_a_bypass_for_streams() -> None:
 
 
 def test_the_key_ignores_order_and_transport_fields_but_not_output_fields() -> None:
-    base = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 5}
-    same = {"stream": True, "stream_options": {"include_usage": True}, "user": "u", "rid": "r", "priority": 3}
+    base: dict[str, Any] = {"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 5}
+    same: dict[str, Any] = {
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "user": "u",
+        "rid": "r",
+        "priority": 3,
+    }
     assert _key(base) == _key(dict(reversed(list((base | same).items()))))
-    changed = [{"max_tokens": 6}, {"seed": 1}, {"tools": []}, {"response_format": {"type": "json_object"}}]
+    changed: list[dict[str, Any]] = [
+        {"max_tokens": 6},
+        {"seed": 1},
+        {"tools": []},
+        {"response_format": {"type": "json_object"}},
+    ]
     changed += [{"model": "other"}, {"cache_salt": "t"}, {"lora_path": "a"}, {"logprobs": True}]
     keys = {_key(base | c) for c in changed}
     assert len(keys) == len(changed) and _key(base) not in keys
@@ -200,7 +211,7 @@ async def test_memory_store_bounds_bytes_entries_and_age() -> None:
     await store.get("a")
     await store.put("d", b"123456789")  # over 30 bytes: b, the least recently used, goes
     assert [await store.get(k) is not None for k in "abcd"] == [True, False, True, True]
-    await store.put("e", b"x" * 30)  # larger than all of max_bytes: never stored
+    assert not await store.put("e", b"x" * 30)  # larger than all of max_bytes: never stored
     assert await store.get("e") is None and store.bytes == 30
     await store.put("f", b"x" * 19)  # 20 bytes: two old entries leave
     assert len(store) == 2 and store.bytes == 30

@@ -98,11 +98,13 @@ async def test_redis_down_mid_run_fails_no_request(
         "hit",
     ]
     caplog.set_level(logging.WARNING, logger=LOGGER)
+    assert "kvroute_response_cache_stores_total 1.0" in stack.metrics()
     redis_server.stop()
     for i in range(12):  # hits that would have been, new questions, streams: all answered by the replica
         req = body if i % 3 == 0 else chat(f"while down {i}", stream=i % 2 == 1)
         status, _, headers = await ask(stack.url, CHAT_PATH, req)
         assert (status, headers["x-kvroute-cache"]) == (200, "miss")
+    assert "kvroute_response_cache_stores_total 1.0" in stack.metrics()  # nothing was written
     down = [r for r in caplog.records if "unavailable" in r.getMessage()]
     assert len(down) == 1 and redis_server.url.split("//")[1].split("/")[0] in down[0].getMessage()
     redis_server.start()  # back, empty, on the same port

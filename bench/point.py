@@ -31,7 +31,7 @@ import aiohttp
 from bench import floor, load, plots, report, systems, workloads
 from bench.cpu import CpuMeter
 from bench.fleet import EmulatorFleet, FleetSpec, replica_counters, replica_work
-from bench.plan import Point
+from bench.plan import TIME_SCALE_FACTOR, Point
 from bench.procs import NotReady, served_model
 from bench.progress import Progress
 from bench.runner import Record, replay, rotating
@@ -74,7 +74,8 @@ class Prepared:
 def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
     fleet = replace(run.fleet, profile=point.profile)
     wl = workloads.build(name, seed, fleet.shape, run.quick)
-    fleet = replace(fleet, time_scale=run.time_scale or wl.time_scale)
+    own = wl.time_scale * TIME_SCALE_FACTOR.get(point.profile, 1.0)
+    fleet = replace(fleet, time_scale=run.time_scale or own)
     ideal = floor.floor(wl, fleet.page_size, point.profile)
     if point.load is not None:
         wl, offered = load.at_load(wl, ideal, point.load, fleet.replicas)

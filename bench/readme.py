@@ -107,7 +107,8 @@ For every (point, workload, seed, system) the runner starts FRESH emulated SGLan
 `--max-total-tokens`), starts the system from its command template, waits until it is ready (a router:
 until it counts every replica healthy), replays the workload with streaming and
 `stream_options.include_usage`, and stops everything it started. Time runs 5x faster than modelled
-(`--time-scale 0.2`; agent and probe 0.1), so CPU that other processes take from the 2 shared cores
+(`--time-scale 0.2`; agent and probe 0.1; on `h200`, whose requests come twice as often at one load,
+0.4), so CPU that other processes take from the 2 shared cores
 stretches modelled TTFTs: a run during which they used more than 0.4 cores on average (`bench/cpu.py`)
 is repeated once and the less disturbed of the two kept, and a run still disturbed by more than 0.2
 cores is named under its table (results measured before this check, 2026-12-01 10:10 UTC, carry no

@@ -1,14 +1,14 @@
 """The fleet section of bench/README.md, regenerated from the results on disk after every run.
 
-Everything between FLEET_BEGIN and FLEET_END is rewritten: the method (SECTION_HEAD), the last run's
-command and wall time, the cross-point summary table, the plots, then every point's table grouped by
-workload, each under the caption that names its workload, profile, load and seeds. The rest of the file
-(e.g. the gateway overhead section) is kept as it is.
+Everything between FLEET_BEGIN and FLEET_END is rewritten: the method (SECTION_HEAD), the commands
+and wall times of the runs behind the results, the cross-point summary table, the plots, then every
+point's table grouped by workload, each under the caption that names its workload, profile, load, seeds
+and date. The rest of the file (e.g. the gateway overhead section) is kept as it is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -32,10 +32,18 @@ def _rel(path: Path, base: Path) -> str:
         return str(path)
 
 
+def _runs(runs: Sequence[Mapping[str, object]]) -> list[str]:
+    lines = ["Runs behind these results (each table's caption gives its date):", ""]
+    for r in runs:
+        wall = float(str(r.get("wall_s", "nan")))
+        date = f", {r['date']}" if r.get("date") else ""
+        lines.append(f"- `{r.get('command')}`: {wall / 60:.1f} min wall{date}")
+    return lines
+
+
 def section(
     base: Path,
-    command: str,
-    wall_s: float,
+    runs: Sequence[Mapping[str, object]],
     summary_md: str,
     plots: Sequence[Path],
     points: Sequence[PointLike],
@@ -43,7 +51,7 @@ def section(
     """The fleet section's text; paths are shown relative to `base` (the README's directory's parent)."""
     if not points:
         return SECTION_HEAD.rstrip("\n") + "\n\nNo results of this benchmark yet: run `make bench`."
-    lines = [SECTION_HEAD.rstrip("\n"), "", f"Last run: `{command}`, {wall_s / 60:.1f} min wall.", ""]
+    lines = [SECTION_HEAD.rstrip("\n"), "", *_runs(runs), ""]
     lines += ["### Summary", "", SUMMARY_NOTE.rstrip("\n"), "", summary_md, ""]
     lines += [f"![{p.stem}]({_rel(p, base / 'bench')})" for p in plots]
     workload = None
@@ -57,9 +65,7 @@ def section(
 
 def update(
     readme: Path,
-    out_dir: Path,
-    command: str,
-    wall_s: float,
+    runs: Sequence[Mapping[str, object]],
     summary_md: str,
     plots: Sequence[Path],
     points: Sequence[PointLike],
@@ -70,7 +76,7 @@ def update(
         text = text.rstrip("\n") + "\n\n" + FLEET_BEGIN + "\n" + FLEET_END + "\n"
     before, rest = text.split(FLEET_BEGIN, 1)
     after = rest.split(FLEET_END, 1)[1]
-    body = section(readme.parent.parent, command, wall_s, summary_md, plots, points)
+    body = section(readme.parent.parent, runs, summary_md, plots, points)
     readme.write_text(before + FLEET_BEGIN + "\n" + body + "\n" + FLEET_END + after)
 
 
@@ -101,7 +107,12 @@ For every (point, workload, seed, system) the runner starts FRESH emulated SGLan
 `--max-total-tokens`), starts the system from its command template, waits until it is ready (a router:
 until it counts every replica healthy), replays the workload with streaming and
 `stream_options.include_usage`, and stops everything it started. Time runs 5x faster than modelled
-(`--time-scale 0.2`; agent and probe 0.1).
+(`--time-scale 0.2`; agent and probe 0.1; on `h200`, whose requests come twice as often at one load,
+0.4), so CPU that other processes take from the 2 shared cores
+stretches modelled TTFTs: a run during which they used more than 0.4 cores on average (`bench/cpu.py`)
+is repeated once and the less disturbed of the two kept, and a run still disturbed by more than 0.2
+cores is named under its table (results measured before this check, 2026-12-01 10:10 UTC, carry no
+such note).
 
 Systems: `kvroute-<policy>` (cost, round_robin, least_load, cache_aware, consistent_hash),
 `sglang-<policy>` (sglang-router 0.3.2: cache_aware, round_robin, power_of_two), `client-rr` (no proxy,

@@ -87,6 +87,7 @@ class Summary:
     capped: int = 0
     note: str = ""
     model_error: float = NAN  # kvroute: sum |predicted - reported cached| / sum prompt tokens
+    foreign_cpu: float = NAN  # cores other processes on the machine used during the run (bench/cpu.py)
 
 
 def tag_means(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
@@ -108,6 +109,7 @@ def summarize(
     work: Mapping[str, float] | None = None,
     note: str = "",
     model_error: float = NAN,
+    foreign_cpu: float = NAN,
 ) -> Summary:
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -121,7 +123,7 @@ def summarize(
         hit_ratio(records), len(ok) / span if span > 0 else 0.0, int(balance(loads)[0]),
         max_work if work else NAN, work_ratio, loads, dict(work or {}),
         tag_means([(r.tag, r.ttft_s or 0.0) for r in ok]), sum(r.capped for r in records), note,
-        model_error,
+        model_error, foreign_cpu,
     )  # fmt: skip
 
 
@@ -160,7 +162,7 @@ def aggregate(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
                 by_rank([r.work_per_replica for r in rows]),
                 {t: mean([r.by_tag[t] for r in rows]) for t in tags},
                 sum(r.capped for r in rows), "; ".join(sorted({r.note for r in rows if r.note})),
-                avg("model_error"),
+                avg("model_error"), max((r.foreign_cpu for r in rows if r.foreign_cpu >= 0), default=NAN),
             )
         )  # fmt: skip
     return out
@@ -237,13 +239,23 @@ def comparison(summaries: Sequence[Summary], subject: str = SUBJECT) -> str:
     return "; ".join(parts) + "."
 
 
+DISTURBED = 0.2  # cores of other processes during a run worth a note under its table
+
+
 def notes(summaries: Sequence[Summary], skipped: Mapping[str, str]) -> list[str]:
-    """Lines under the table: client-cap hits (should never happen) and skipped systems."""
+    """Lines under the table: client-cap hits (should never happen), runs that other processes on the
+    machine disturbed, and skipped systems."""
     lines = [
         f"- {s.system}: {s.capped} of {s.requests} requests found the client's cap ({CLIENT_CAP} in "
         "flight) full and waited for a slot; their TTFT still counts from their arrival"
         for s in summaries
         if s.capped
+    ]
+    lines += [
+        f"- {s.system}: other processes on the machine used {s.foreign_cpu:.2f} cores on average during "
+        "its run (its TTFTs may be inflated)"
+        for s in summaries
+        if s.foreign_cpu > DISTURBED
     ]
     return lines + [f"- skipped {name}: {why}" for name, why in skipped.items()]
 

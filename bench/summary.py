@@ -9,13 +9,15 @@ best other non-oracle system chosen separately for the mean and for p99 (bench.r
     vs sglang   = kvroute mean TTFT / sglang-router cache_aware's mean TTFT
     floor x     = kvroute mean TTFT / the floor's mean TTFT        (>= 1; how far from ideal)
 
-`write_summary` writes OUT/summary.json, OUT/summary.md, a plot per workload (OUT/plots/<workload>.png,
+`write_summary` writes OUT/summary.json (with the commands that produced the results, newest last),
+OUT/summary.md, a plot per workload (OUT/plots/<workload>.png,
 mean TTFT against load per system) and, when asked, the fleet section of bench/README.md (bench/readme.py).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from bench.report import FLOOR, NAN, SUBJECT, Summary
 
 SGLANG_CACHE_AWARE = "sglang-cache_aware"
 ORDER = (*SWEEP_WORKLOADS, *OWN_PACE_WORKLOADS)
+RUNS_KEPT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,14 +132,34 @@ def write_plots(out_dir: Path, points: list[PointResult]) -> list[Path]:
     return written
 
 
+def runs_so_far(out_dir: Path, command: str, wall_s: float) -> list[dict[str, object]]:
+    """The runs whose results are on disk: those summary.json listed (the last RUNS_KEPT) plus this one."""
+    path = out_dir / "summary.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        doc = {}
+    runs = list(
+        doc.get("runs")
+        or ([{"command": doc["command"], "wall_s": doc["wall_s"]}] if "command" in doc else [])
+    )
+    now = {
+        "command": command,
+        "wall_s": round(wall_s, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    return [*runs, now][-RUNS_KEPT:]
+
+
 def write_summary(out_dir: Path, readme_path: Path | None, command: str, wall_s: float) -> str:
     points = collect(out_dir)
     rows = [r for r in (row(p) for p in points) if r is not None]
     md = table(rows)
+    runs = runs_so_far(out_dir, command, wall_s)
     (out_dir / "summary.md").write_text(md + "\n")
-    doc = {"command": command, "wall_s": round(wall_s, 1), "rows": [asdict(r) for r in rows]}
+    doc = {"runs": runs, "rows": [asdict(r) for r in rows]}
     (out_dir / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
     plot_paths = write_plots(out_dir, points)
     if readme_path is not None:
-        readme.update(readme_path, out_dir, command, wall_s, md, plot_paths, points)
+        readme.update(readme_path, runs, md, plot_paths, points)
     return md

@@ -54,10 +54,22 @@ def test_summary_rows_plots_and_readme_section(tmp_path: Path) -> None:
     ).exists()
     text = readme.read_text()
     assert "old tables" not in text and text.endswith("## Gateway overhead\nkeep me\n")
-    assert "Last run: `kvroute bench`, 2.1 min wall." in text and md in text
+    assert "- `kvroute bench`: 2.1 min wall, 20" in text and md in text
     assert "![rag](results/plots/rag.png)" in text
     assert (
         text.count("**rag**, profile") == 3
         and "Results and plots: `bench/results/h200/load-0.6/rag/`." in text
     )
     assert text.index("### rag") < text.index("### probe")
+
+
+def test_the_runs_behind_the_results_accumulate(tmp_path: Path) -> None:
+    out = tmp_path / "bench" / "results"
+    _point(out, "rag", "rtx3090x2", 0.6, 6.0, [1])
+    readme = tmp_path / "bench" / "README.md"
+    summary.write_summary(out, readme, "kvroute bench", 2832.0)
+    summary.write_summary(out, readme, "kvroute bench rag --profile h200", 300.0)
+    text = readme.read_text()
+    assert text.index("- `kvroute bench`: 47.2 min wall") < text.index(
+        "- `kvroute bench rag --profile h200`: 5.0"
+    )

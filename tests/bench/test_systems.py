@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench import cli, plan, systems
+from bench import cli, plan, point, systems
 from bench.oracle import OracleState
 from bench.procs import free_ports
 from bench.workloads import GENERATORS
@@ -75,3 +75,13 @@ def test_the_default_plan_and_the_matrix() -> None:
     matrix = cli.parse(["--matrix"])
     assert sorted(w for p in matrix.points for w in p.workloads) == sorted(GENERATORS)
     assert len(matrix.run.systems) == len(systems.default_systems())
+
+
+def test_the_h200_profile_runs_twice_as_slow_unless_the_time_scale_is_given() -> None:
+    def scale(argv: list[str], profile: str) -> float:
+        cfg = cli.parse(["noreuse", "--quick", *argv])
+        at = plan.Point(profile, 0.6, (1,), ("noreuse",))
+        return point.prepare(cfg.run, at, "noreuse", 1).fleet.time_scale
+
+    assert scale([], "rtx3090x2") == 0.2 and scale([], "h200") == 0.4
+    assert scale(["--time-scale", "0.3"], "h200") == 0.3

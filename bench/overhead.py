@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -46,6 +47,7 @@ import orjson
 from bench import systems
 from bench.fleet import EmulatorFleet
 from bench.procs import ManagedProcess, served_model
+from bench.response_cache import redis_server
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0
@@ -181,12 +183,21 @@ async def run_scenario(bases: dict[str, str], sc: Scenario, rounds: int) -> list
     ]
 
 
-def targets(backend: str, with_router: bool, logs: Path) -> list[tuple[str, ManagedProcess]]:
+def targets(
+    backend: str, with_router: bool, logs: Path, state: str | None = None
+) -> list[tuple[str, ManagedProcess]]:
     """kvroute (and sglang-router) in front of `backend`, both with policy round_robin, from the same
-    command templates as the fleet benchmark (bench/systems.py)."""
+    command templates as the fleet benchmark (bench/systems.py); with `state`, also kvroute sharing its
+    routing state through that Redis (`kvroute+state`, issue 13's sync-overhead target)."""
     names = {"kvroute-round_robin": "kvroute", "sglang-round_robin": "sglang-router"}
     chosen = systems.select(list(names) if with_router else ["kvroute-round_robin"])
-    return [(names[s.name], systems.system_process(s, [backend], logs / f"{s.name}.log")) for s in chosen]
+    out = [(names[s.name], systems.system_process(s, [backend], logs / f"{s.name}.log")) for s in chosen]
+    if state is not None:
+        synced = dataclasses.replace(systems.kvroute("round_robin", "--state", state), name="kvroute-state")
+        out.insert(
+            1, ("kvroute+state", systems.system_process(synced, [backend], logs / "kvroute-state.log"))
+        )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +327,8 @@ async def bench(args: argparse.Namespace) -> list[Result]:
     async with EmulatorFleet(1, emu_args, logs / "emulator.log") as fleet, contextlib.AsyncExitStack() as up:
         model = await served_model(fleet.urls[0]) or "default"
         bases = {"direct": fleet.urls[0]}
-        for name, proc in targets(fleet.urls[0], not args.no_router, logs):
+        state = up.enter_context(redis_server()) if args.state else None
+        for name, proc in targets(fleet.urls[0], not args.no_router, logs, state):
             bases[name] = (await up.enter_async_context(proc)).urls[0]
         plan = scenarios(model, args.concurrency, args.scale)
         for base in bases.values():  # warm-up: connections, the emulator's cache
@@ -374,6 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--rounds", type=int, default=10, help="slices per scenario; targets alternate (default 10)"
     )
     p.add_argument("--no-router", action="store_true", help="skip sglang-router")
+    p.add_argument(
+        "--state", action="store_true", help="also kvroute with --state through a redis-server of its own"
+    )
     p.add_argument("--scrapes", type=int, default=300, help="GET /metrics (and /health) count (300)")
     only = p.add_mutually_exclusive_group()
     only.add_argument("--scrape-only", action="store_true", help="only the /metrics scrape measurement")

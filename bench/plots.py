@@ -98,6 +98,8 @@ def ttft_vs_load(
             xs, ys = zip(*sorted(floor[profile]), strict=True)
             ax.plot(xs, ys, ":", color="black", marker="x", label="floor")
         ax.set_yscale("log")
+        loads = [x for points in series[profile].values() for x, _ in points]
+        ax.set_xlim(0.0, max(1.0, *loads) + 0.05)  # one scale for every panel, even with one load
         xlabel = "offered load (fraction of the fleet's prefill capacity)"
         _label(ax, f"{workload}, profile {profile}", xlabel, "mean TTFT from arrival (modelled s, log scale)")
     _save(fig, path)

@@ -24,6 +24,7 @@ Prometheus stores as series of their own). Numbers are formatted as prometheus-c
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from bisect import bisect_left
 from collections.abc import Container, Iterable, Iterator, Sequence
 from functools import lru_cache
@@ -93,8 +94,9 @@ class TextFamily:
 class TextCollector(Collector):
     """A collector that writes text; ``collect()`` is the same families, parsed back."""
 
+    @abstractmethod
     def text(self) -> Iterator[str]:
-        raise NotImplementedError
+        """The collector's families in the text format, line by line."""
 
     def collect(self) -> Iterator[Metric]:
         yield from text_string_to_metric_families("".join(self.text()))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,52 +15,17 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-import redis
 
-from bench.procs import free_ports, stop_process
+from bench.procs import free_ports
 from proxy.state_store import MemoryStore
 from proxy.state_sync import STATE_SYNC
 from tests.conftest import Gw, StartGateway
 from tests.proxy.conftest import EMU_FLAGS, MODEL, Emulators, wait_for
+from tests.redis_server import RedisServer
 
 JSON = {"Content-Type": "application/json"}
 TIMEOUT = aiohttp.ClientTimeout(total=30)
 SECRET = "zanzibar-quokka-marmalade"  # a word that must never reach the store
-
-
-class RedisServer:
-    """A redis-server we own on a free loopback port, stopped by PID; restartable, keeps nothing."""
-
-    def __init__(self) -> None:
-        self.port = free_ports(1)[0]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        argv += ["--appendonly", "no"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.client()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, 2.0)
-            self.proc = None
-
-    def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port)
 
 
 @pytest.fixture

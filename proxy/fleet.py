@@ -27,7 +27,7 @@ from typing import Any
 
 from proxy.errors import UpstreamError
 from proxy.health_log import HealthLog
-from proxy.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, Work, combined
+from proxy.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, TrafficEpoch, Work, combined
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 from proxy.upstream import Upstream
 from routing.tiers import tier_warnings
@@ -44,13 +44,15 @@ class Replica:
 
     __slots__ = ("draining", "failures", "healthy", "id", "info", "last_error", "load", "remote")
 
-    def __init__(self, url: str, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(
+        self, url: str, window_s: float = DEFAULT_WINDOW_S, epoch: TrafficEpoch | None = None
+    ) -> None:
         self.id: ReplicaId = url.rstrip("/")
         self.info: ReplicaInfo | None = None
         self.healthy = False
         self.draining = False
         self.failures = 0
-        self.load = ReplicaLoad(window_s)
+        self.load = ReplicaLoad(window_s, epoch or TrafficEpoch())
         self.remote: LoadView | None = None  # other gateways' load on it (proxy/state_sync.py)
         self.last_error: str | None = None
 
@@ -135,6 +137,7 @@ class Fleet:
         self._on_restart = on_restart
         self._health = HealthLog(health_interval)
         self._checks = 0
+        self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
         for url in urls:
             self.add(url)
 
@@ -142,7 +145,7 @@ class Fleet:
     def add(self, url: str) -> Replica:
         replica = self._replicas.get(url.rstrip("/"))
         if replica is None:
-            replica = Replica(url)
+            replica = Replica(url, epoch=self._epoch)
             self._replicas[replica.id] = replica
         return replica
 

@@ -21,6 +21,13 @@ request sent and its first byte not back): measured, so it does not inherit the 
 predictions. The placement rule prices the delay a new request imposes on those that will arrive behind
 it with both (``routing.placement``).
 
+Both averages start from zero, so for the first windows after traffic begins they read low by the factor
+``1 - exp(-t / window_s)`` (t: seconds since the fleet's first live request, a ``TrafficEpoch`` that all
+replicas of a fleet share): a burst at start-up, exactly when documents are first seen, would look like a
+fleet at a fifth of its real load. Both are divided by that factor (the bias correction of an
+exponential average started at zero, with t at least ``MIN_ELAPSED_S`` so that one request in the first
+instant does not read as a huge rate). A replica that received nothing since then still reads zero.
+
 All times are the event loop's clock (seconds); nothing here does I/O.
 """
 
@@ -30,6 +37,25 @@ import math
 from dataclasses import dataclass, field
 
 DEFAULT_WINDOW_S = 10.0
+MIN_ELAPSED_S = 1.0  # the bias correction treats traffic as at least this old (see the module docstring)
+
+
+@dataclass(slots=True)
+class TrafficEpoch:
+    """When the fleet's first live request was sent (shared by its replicas' loads)."""
+
+    first_live_s: float | None = None
+
+    def started(self, now: float) -> None:
+        if self.first_live_s is None:
+            self.first_live_s = now
+
+    def correction(self, now: float, window_s: float) -> float:
+        """1 / (1 - exp(-t / window_s)): what a zero-started decaying average is divided by."""
+        if self.first_live_s is None:
+            return 1.0
+        t = max(now - self.first_live_s, MIN_ELAPSED_S)
+        return 1.0 / -math.expm1(-t / window_s)
 
 
 @dataclass(slots=True, eq=False)
@@ -79,6 +105,7 @@ class LoadView:
 @dataclass(slots=True)
 class ReplicaLoad:
     window_s: float = DEFAULT_WINDOW_S
+    epoch: TrafficEpoch = field(default_factory=TrafficEpoch)
     queue: dict[Work, None] = field(default_factory=dict)  # send order
     decoding: dict[Work, None] = field(default_factory=dict)
     queued_tokens: int = 0
@@ -99,6 +126,7 @@ class ReplicaLoad:
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
         if w.live:
+            self.epoch.started(w.sent_s)
             self.arrivals.add(1.0, w.sent_s)
             self.last_live_s = w.sent_s
 
@@ -119,13 +147,14 @@ class ReplicaLoad:
         inflight = len(self.queue) + len(self.decoding)
         full = max_running > 0 and inflight >= max_running
         decoding = tuple((now - (w.first_s or now), w.budget) for w in self.decoding) if full else ()
+        unbias = self.epoch.correction(now, self.window_s)
         return LoadView(
             inflight,
             max(0, self.queued_tokens),
             self._queued_s(now),
             decoding,
-            self.arrivals.at(now),
-            self._utilization(now),
+            self.arrivals.at(now) * unbias,
+            min(1.0, self._utilization(now) * unbias),
         )
 
     def _utilization(self, now: float) -> float:

@@ -185,6 +185,47 @@ async def test_questions_about_a_document_go_to_the_replica_that_holds_it(
     assert (await reasons(emulator_server.http, gw.url))["prefix_gpu"] == 5
 
 
+async def test_a_popular_documents_holder_busy_decoding_keeps_its_hits(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """Issue 10: requests that are only decoding hold up no prefill, so a document's holder with many
+    long answers streaming is still the cheapest place for the next question (a request-count hot-spot
+    guard would send it away, to a cold prefill of the whole document elsewhere)."""
+    slow = (*BASE, "--emu-time-scale", "0.1")  # the last --emu-time-scale wins: decoding lasts seconds
+    emus = [await emulator_server(*slow) for _ in range(3)]
+    gw = await gateway([e.url for e in emus])
+    doc = document(3, 8000)
+    async with _client(gw.url) as client:
+        holder = (await ask(client, doc, "What is this document about?")).replica
+        streams = [await _decoding(client, doc, f"Explain part {i} at length.") for i in range(8)]
+        try:
+            async with emulator_server.http.get(gw.url + "/status") as resp:
+                loads = {r["id"]: r for r in (await resp.json())["replicas"]}
+            assert loads[holder]["inflight_requests"] == 8  # all decoding on the holder, none queued
+            assert loads[holder]["inflight_prefill_tokens"] == 0
+            answers = [await ask(client, doc, f"Short question {i}?") for i in range(6)]
+        finally:
+            for stream in streams:
+                await stream.close()
+    assert {a.replica for a in answers} == {holder}
+    assert all(a.cached_tokens >= 8000 for a in answers)
+    assert (await served(emus))[holder] == 1 + 8 + 6
+
+
+async def _decoding(client: openai.AsyncOpenAI, doc: str, question: str) -> openai.AsyncStream[Any]:
+    """A streamed question with a long answer, returned once its first token is back (it is decoding)."""
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages(doc, question),  # type: ignore[arg-type]
+        max_tokens=4000,
+        stream=True,
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    return stream
+
+
 # ---- 2. misses spread ---------------------------------------------------------------------------------
 async def test_distinct_documents_one_at_a_time_spread_over_the_replicas(
     emulator_server: Emulators, gateway: StartGateway

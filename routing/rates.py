@@ -11,6 +11,11 @@ the predicted GPU run, ``r = clamp(cached - gpu_pred, 0, host_pred + storage_pre
   ``prefill = u / (work - r / host)``, otherwise ``host = r / (work - u / prefill)``;
 - small requests (u and r both under ``MIN_SAMPLE_TOKENS``) teach the overhead instead:
   ``overhead = ttft - queue - u / prefill``;
+- a sample teaches nothing when the predicted queue exceeds the term it would teach (the larger of
+  ``u / prefill`` and ``r / host``, or the overhead): the queue is a prediction too, and its error is of
+  its own order, so behind a long queue that error would be learned as the term. A host reload is tens
+  of times faster than a recompute: learned behind queues, the reload rate absorbed every queueing
+  error and read 25-100x too slow (a reload priced like a cold prefill);
 - the first ``WARMUP`` (5) samples of each estimate are averaged (the configured start is only a guess
   for some GPU, so data outweighs it at once); after that a **robust EWMA**: a sample is first clipped
   to [0.5x, 2x] of the current value (one outlier moves the estimate by at most ``ALPHA``), then
@@ -218,6 +223,8 @@ class RateBook:
         prefill_s = uncached / rates.prefill_tokens_per_s
         reload_s = reloaded / rates.host_tokens_per_s
         rates.samples += 1
+        if queue_s > max(prefill_s, reload_s, rates.overhead_s):
+            return  # the queue's error would swamp the term (module docstring)
         if uncached < MIN_SAMPLE_TOKENS and reloaded < MIN_SAMPLE_TOKENS:
             sample = ttft - queue_s - prefill_s - reload_s
             start = max(cfg.overhead_s, 0.01)

@@ -50,6 +50,25 @@ def test_host_rate_is_learned_from_reloads_beyond_the_gpu_run() -> None:
     assert rates.prefill_tokens_per_s == 4000.0
 
 
+def test_a_reload_behind_a_longer_queue_teaches_nothing() -> None:
+    """A host reload of 39K tokens takes 0.39 s at 100K tokens/s; behind a predicted 5 s queue that the
+    replica actually served in 7 s, the 2 s queueing error would be learned as a reload 6x slower."""
+    book = RateBook(CFG)
+    for _ in range(30):
+        observe(book, outcome(40_000, 39_990, 0.05 + 7.0 + 0.39, gpu=990.0, host=39_000.0, queue=5.0))
+    assert book.get("a").host_tokens_per_s == pytest.approx(CFG.host_load_tokens_per_s)
+    for _ in range(30):  # with nothing queued ahead the same reloads teach the rate
+        observe(book, outcome(40_000, 39_990, 0.05 + 39_000 / 50_000.0, gpu=990.0, host=39_000.0))
+    assert book.get("a").host_tokens_per_s == pytest.approx(50_000.0, rel=0.1)
+
+
+def test_a_prefill_behind_a_queue_shorter_than_itself_still_teaches() -> None:
+    book = RateBook(CFG)
+    for _ in range(60):
+        observe(book, outcome(8000, 0, 0.05 + 1.0 + 8000 / 2000.0, queue=1.0))
+    assert book.get("a").prefill_tokens_per_s == pytest.approx(2000.0, rel=0.05)
+
+
 def test_overhead_is_learned_from_small_requests() -> None:
     book = RateBook(CFG)
     for _ in range(60):

@@ -13,8 +13,8 @@ What a target means (each resolved every ``discover_interval`` seconds, all targ
 
 An answer that the name does not exist (NXDOMAIN) or has no records of the type is an answer: no
 replicas. A failed lookup (time-out, SERVFAIL, no server) is not: that target keeps its last known set,
-and the failure is logged at once, then at most every ``REPEAT_S`` seconds with a count, and the recovery
-once.
+and the failure is logged at once, then at most every ``proxy.health_log.REPEAT_S`` seconds with a
+count, and the recovery once.
 
 Reconciling (``wanted`` = the union over targets; only replicas that discovery itself added are ever
 drained or removed, never those from ``--backend`` or the admin API):
@@ -52,13 +52,13 @@ from dns.rdtypes.IN.AAAA import AAAA
 from dns.rdtypes.IN.SRV import SRV
 
 from proxy.fleet import Fleet
+from proxy.health_log import Outage
 from proxy.upstream import Upstream
 
 if TYPE_CHECKING:
     from proxy.settings import Settings
 
 log = logging.getLogger("kvroute.discovery")
-REPEAT_S = 60.0
 SWEEP_S = 1.0
 LOOKUP_TIMEOUT_S = 3.0
 Scheme = Literal["dns", "dns+srv"]
@@ -161,16 +161,9 @@ class DnsResolver:
 
 
 @dataclass(slots=True)
-class _Failing:
-    since_s: float
-    logged_s: float
-    failures: int = 0  # since the last line
-
-
-@dataclass(slots=True)
 class _TargetState:
     urls: frozenset[str] = frozenset()
-    failing: _Failing | None = None
+    failing: Outage | None = None
     resolved: bool = False
 
 
@@ -239,31 +232,21 @@ class Discovery:
 
     def _answered(self, target: Target, state: _TargetState, urls: frozenset[str]) -> None:
         if state.failing is not None:
-            log.info(
-                "discovery: %s resolves again after %.0fs", target, time.monotonic() - state.failing.since_s
-            )
+            log.info("discovery: %s resolves again after %.0fs", target, state.failing.seconds())
         if not urls and (state.urls or not state.resolved):
             log.warning("discovery: %s has no replicas (no such name, or no records)", target)
         state.urls, state.failing, state.resolved = urls, None, True
 
     def _failed(self, target: Target, state: _TargetState, reason: str) -> None:
-        now, f = time.monotonic(), state.failing
-        if f is None:
-            state.failing = _Failing(now, now)
+        if state.failing is None:
+            state.failing = Outage.begin()
             log.warning(
                 "discovery: cannot resolve %s, keeping its %d replicas: %s", target, len(state.urls), reason
             )
-            return
-        f.failures += 1
-        if now - f.logged_s >= REPEAT_S:
+        elif due := state.failing.again():
             log.warning(
-                "discovery: %s still unresolvable after %.0fs (%d more failures): %s",
-                target,
-                now - f.since_s,
-                f.failures,
-                reason,
+                "discovery: %s still unresolvable after %.0fs (%d more failures): %s", target, *due, reason
             )
-            f.logged_s, f.failures = now, 0
 
     async def run(self, upstream: Upstream) -> None:
         """Re-resolve every ``interval_s``, sweep every ``SWEEP_S``; runs until cancelled."""

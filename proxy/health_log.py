@@ -19,50 +19,58 @@ REPEAT_S = 60.0
 
 
 @dataclass(slots=True)
-class _Outage:
+class Outage:
+    """Something failing (a replica, a discovery name): since when, its last log line, failures since."""
+
     since_s: float
     logged_s: float
     failures: int = 0  # since the last line
+
+    @classmethod
+    def begin(cls) -> Outage:
+        now = time.monotonic()
+        return cls(now, now)
+
+    def again(self) -> tuple[float, int] | None:
+        """One more failure: (seconds out, failures since the last line) when a repeat line is due, at
+        most every ``REPEAT_S``; None otherwise."""
+        now = time.monotonic()
+        self.failures += 1
+        if now - self.logged_s < REPEAT_S:
+            return None
+        due = (now - self.since_s, self.failures)
+        self.logged_s, self.failures = now, 0
+        return due
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.since_s
 
 
 class HealthLog:
     def __init__(self, interval_s: float) -> None:
         self._interval = interval_s
-        self._outages: dict[str, _Outage] = {}
+        self._outages: dict[str, Outage] = {}
         self._none_logged_s = -REPEAT_S
 
     def failed(self, replica: str, reason: str, was_healthy: bool) -> None:
-        now = time.monotonic()
         outage = self._outages.get(replica)
         if outage is None:
-            self._outages[replica] = _Outage(now, now)
+            self._outages[replica] = Outage.begin()
             state = "out of the pool" if was_healthy else "not in the pool yet"
             log.warning(
                 "replica %s unreachable, %s: %s (retrying every %gs)", replica, state, reason, self._interval
             )
-            return
-        outage.failures += 1
-        if now - outage.logged_s >= REPEAT_S:
+        elif due := outage.again():
             log.warning(
-                "replica %s still unreachable after %.0fs (%d more failed checks): %s",
-                replica,
-                now - outage.since_s,
-                outage.failures,
-                reason,
+                "replica %s still unreachable after %.0fs (%d more failed checks): %s", replica, *due, reason
             )
-            outage.logged_s, outage.failures = now, 0
 
     def recovered(self, replica: str, model: str) -> None:
         outage = self._outages.pop(replica, None)
         if outage is None:
             log.info("replica %s healthy (model %s)", replica, model)
         else:
-            log.info(
-                "replica %s healthy again after %.0fs (model %s)",
-                replica,
-                time.monotonic() - outage.since_s,
-                model,
-            )
+            log.info("replica %s healthy again after %.0fs (model %s)", replica, outage.seconds(), model)
 
     def fleet(self, healthy: int, total: int) -> None:
         now = time.monotonic()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 from dataclasses import dataclass
 
 from diag import report
 from diag.client import DiagError, Generation, SGLangClient
-from diag.options import add_common, plotting, positive_float, positive_int, seed_of
+from diag.options import add_common, plotting, positive_float, positive_int, run_command, seed_of
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
 from diag.target import Target, discover
@@ -134,14 +133,11 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     progress = Progress("kvroute ab", enabled=not args.quiet)
-    try:
+
+    def body() -> None:
         results = asyncio.run(ab(args, progress))
         print(report.ab_json(results) if args.json else report.ab_text(results))
         if args.plot is not None:
             plotting().ab_png(results, args.plot)
-    except DiagError as e:
-        print(f"kvroute ab: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+
+    return run_command("kvroute ab", body)

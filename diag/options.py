@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -68,3 +70,15 @@ def plotting() -> ModuleType:
     except ImportError:
         raise DiagError("--plot needs matplotlib: pip install 'kvroute[bench]'") from None
     return plots
+
+
+def run_command(name: str, body: Callable[[], None]) -> int:
+    """Runs a command's ``body``: exit 0, 1 with a one-line error for a DiagError, 130 on Ctrl-C."""
+    try:
+        body()
+    except DiagError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 from dataclasses import dataclass
 
 from diag import report
-from diag.client import DiagError, Generation, SGLangClient
+from diag.client import Generation, SGLangClient
 from diag.metrics import read_host_used
 from diag.options import (
     DEFAULT_CONTEXT_TOKENS,
@@ -35,6 +34,7 @@ from diag.options import (
     add_common,
     plotting,
     positive_int,
+    run_command,
     seed_of,
 )
 from diag.pressure import Plan, check_context, plan_pressure
@@ -153,17 +153,14 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     progress = Progress("kvroute probe", enabled=not args.quiet)
-    try:
-        opts = ProbeOptions(
-            args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again, args.api_key
-        )
+    opts = ProbeOptions(
+        args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again, args.api_key
+    )
+
+    def body() -> None:
         result = asyncio.run(probe(args.url, opts, progress))
         print(report.probe_json(result) if args.json else report.probe_text(result))
         if args.plot is not None:
             plotting().probe_png(result, args.plot)
-    except DiagError as e:
-        print(f"kvroute probe: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+
+    return run_command("kvroute probe", body)

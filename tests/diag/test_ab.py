@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from diag.ab import Phase, main
 from diag.client import DiagError, Generation, SGLangClient
 from diag.prompts import PromptMaker
 from tests.conftest import Emulators
+from tests.diag.cli import run_main
 
 SCALE = ("--emu-time-scale", "0.05")
 WRITE_BACK = ("--enable-hierarchical-cache", "--hicache-write-policy", "write_back", "--page-size", "1")
@@ -22,14 +21,7 @@ TOKENS = 20_000
 
 
 async def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return main(list(argv))
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
+    return await run_main(main, *argv)
 
 
 async def test_ab_on_a_write_back_replica(emulator_server: Emulators) -> None:

@@ -17,7 +17,6 @@ probe plans 2 pressure contexts of 26,000 tokens (between the GPU pool and host 
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import orjson
@@ -29,6 +28,7 @@ from diag.progress import Progress
 from diag.prompts import PromptMaker
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 from tests.conftest import Emulators
+from tests.diag.cli import run_main
 
 POOLS = ("--max-total-tokens", "48000", "--page-size", "1", "--enable-metrics")
 WRITE_BACK = ("--enable-hierarchical-cache", "--hicache-write-policy", "write_back")
@@ -59,18 +59,7 @@ async def transport_floor(url: str, time_scale: float, seed: int) -> float:
 
 
 async def run_cli(*argv: str) -> tuple[int, str, str]:
-    """`kvroute probe ARGV` in a thread (it runs its own event loop), with stdout and stderr."""
-    import contextlib
-    import io
-
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            return main(list(argv))
-
-    code = await asyncio.to_thread(run)
-    return code, out.getvalue(), err.getvalue()
+    return await run_main(main, *argv)
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ import orjson
 from bench import systems
 from bench.fleet import EmulatorFleet
 from bench.procs import ManagedProcess, served_model
-from bench.response_cache import redis_server
+from bench.redis_proc import redis_server
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0

@@ -9,8 +9,9 @@ namespace: one fleet of gateways); with n = 1 and no state it is the single gate
 `choose` is the client-side round robin (a `bench.runner.Chooser`, as `bench.runner.rotating`) over the
 gateways that are up; every pick is logged as a `bench.comparison.Send`. `restart(i)` is a rolling
 restart of gateway i the way a load balancer sees one: i leaves the rotation (its turns go to the
-others, so the client never waits), gets SIGTERM through its ManagedProcess (SIGKILL after 5 s; it
-finishes what it has in flight meanwhile), is started again on the same port, is ready when its /status
+others, so the client never waits), gets SIGTERM through its ManagedProcess and drains (kvroute stops
+listening, finishes the requests it has in flight and exits; SIGKILL only after DRAIN_S), is started
+again on the same port, is ready when its /status
 counts every replica healthy (the same check as at the start), then its /status `state` section is read
 once (how many events it had replayed from Redis at that moment) and it rejoins the rotation.
 """
@@ -30,6 +31,8 @@ from bench.comparison import Send
 from bench.procs import ManagedProcess, free_ports
 from bench.systems import kvroute, system_process
 from bench.workloads import TimedRequest
+
+DRAIN_S = 30.0  # SIGTERM, then SIGKILL after this (Kubernetes' default terminationGracePeriodSeconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +102,7 @@ class GatewayPool:
         """Gateway i out of the rotation, stopped, started again on its port, back in (docstring)."""
         t0 = time.monotonic()
         self._up[i] = False
+        await asyncio.to_thread(self._procs[i].stop, DRAIN_S)
         await asyncio.to_thread(self._procs[i].close)
         stopped = time.monotonic() - t0
         self._generation[i] += 1

@@ -17,10 +17,12 @@ benchmark; every run with shared state has a namespace of its own.
    three gateways sent to the replica the single gateway chose (bench.comparison.agreement), mean TTFT of
    each and their ratio; single vs single again is the noise floor (the emulator's timing, hence load
    and placement, differs from run to run). Targets: >= 98% agreement, mean TTFT within 5%.
-2. Restarted gateway: three gateways on rag at load 0.6, extended to RESTART_REQUESTS requests (the same
-   seed's rag, longer: bench.workloads.rag's `count`) so that the restarted gateway gets 50 requests
-   after it is back; at 40% of the arrival span gateway #2 leaves the client's rotation, is stopped with
-   SIGTERM, started again on its port (it replays the Redis log at start) and rejoins when ready.
+2. Restarted gateway: three gateways on the rag of 1. (its 200 questions at the same arrival times)
+   continued with more questions of the same seed at the same rate, RESTART_REQUESTS in all, so that
+   the restarted gateway gets 50 requests after it is back; at 40% of the arrival span gateway #2
+   leaves the client's rotation, gets SIGTERM and drains (kvroute finishes what it has in flight, then
+   exits; SIGKILL only after DRAIN_S), is started again on its port (it replays the Redis log at start)
+   and rejoins when ready.
    Reported: the hit ratio (sum cached / sum prompt tokens) of its first 50 requests after it is back
    vs the other gateways' requests over the same span. Target: within 5%.
 3. Sync overhead: bench.overhead's `bench` called as a function with `--state --no-router --no-scrape`
@@ -35,16 +37,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import shlex
 import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import overhead, workloads
+from bench import floor, load, overhead, workloads
 from bench.cpu import CpuMeter
 from bench.fleet import EmulatorFleet, FleetSpec
 from bench.gateway_pool import GatewayPool, StateStore
@@ -86,10 +87,19 @@ def point_for(name: str) -> Point:
     return Point(DEFAULT_PROFILE, load, (SEED,), (name,))
 
 
-def long_rag(
-    count: int, name: str, seed: int, shape: workloads.FleetShape, quick: bool
-) -> workloads.Workload:
-    return workloads.rag(seed, shape, quick, count)
+def longer_rag(prep: Prepared, count: int, quick: bool) -> Prepared:
+    """`prep`'s rag continued to `count` questions of the same seed at the same arrival rate: its first
+    requests are `prep`'s at the same arrival times (bench.workloads.rag's `count` extends the same
+    run; rescaling the longer run to load 0.6 afresh would crowd it: its later questions are mostly
+    repeats, whose floor work is small). The deadline follows bench.point.prepare's rule."""
+    raw = workloads.rag(SEED, prep.fleet.shape, quick, count)
+    last = len(prep.workload.requests) - 1
+    factor = prep.workload.requests[last].arrival_s / raw.requests[last].arrival_s
+    wl = replace(raw, requests=tuple(replace(r, arrival_s=r.arrival_s * factor) for r in raw.requests))
+    ideal = floor.floor(wl, prep.fleet.page_size, prep.fleet.profile)
+    offered = load.offered(wl, ideal, prep.fleet.replicas)
+    deadline = min(MAX_RUN_S, 60.0 + 4.0 * offered.span_s * prep.fleet.time_scale)
+    return Prepared(wl, ideal, offered, prep.fleet, deadline)
 
 
 async def run_once(
@@ -137,9 +147,9 @@ async def agreement_runs(ctx: Context, name: str) -> tuple[Prepared, list[Run]]:
 
 
 async def restart_run(ctx: Context) -> tuple[Prepared, Run]:
-    count = RESTART_REQUESTS if not ctx.settings.quick else 160
-    build = functools.partial(long_rag, count)
-    prep = prepare(ctx.settings, point_for("rag"), "rag", SEED, build)
+    quick = ctx.settings.quick
+    base = prepare(ctx.settings, point_for("rag"), "rag", SEED)
+    prep = longer_rag(base, RESTART_REQUESTS if not quick else 240, quick)
     after = RESTART_AT * prep.offered.span_s * prep.fleet.time_scale
     ports = free_ports(prep.fleet.replicas)
     return prep, await run_once(ctx, prep, ports, "three, #2 restarted", GATEWAYS, after)

@@ -71,12 +71,9 @@ class Prepared:
     deadline_s: float
 
 
-def prepare(
-    run: RunSettings, point: Point, name: str, seed: int, build: workloads.Builder = workloads.build
-) -> Prepared:
-    """`build`: the workload's generator (bench.gateways passes a longer rag)."""
+def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
     fleet = replace(run.fleet, profile=point.profile)
-    wl = build(name, seed, fleet.shape, run.quick)
+    wl = workloads.build(name, seed, fleet.shape, run.quick)
     own = wl.time_scale * TIME_SCALE_FACTOR.get(point.profile, 1.0)
     fleet = replace(fleet, time_scale=run.time_scale or own)
     ideal = floor.floor(wl, fleet.page_size, point.profile)

@@ -334,9 +334,6 @@ GENERATORS: dict[str, Callable[[int, FleetShape, bool], Workload]] = {
 }
 
 
-Builder = Callable[[str, int, FleetShape, bool], Workload]
-
-
 def build(name: str, seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     if name not in GENERATORS:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(GENERATORS)}")

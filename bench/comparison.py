@@ -58,6 +58,13 @@ def agreement(reference: Sequence[Record], other: Sequence[Record]) -> Agreement
     return Agreement(len(pairs), sum(1 for a, b in pairs if a == b))
 
 
+def first_difference(reference: Sequence[Record], other: Sequence[Record]) -> int | None:
+    """The lowest request index both runs served, on different replicas (None: they agree)."""
+    served = {r.index: r.replica for r in reference if r.ok}
+    differ = [r.index for r in other if r.ok and r.index in served and served[r.index] != r.replica]
+    return min(differ, default=None)
+
+
 def mean_ttft(records: Iterable[Record]) -> float:
     ttfts = [r.ttft_s for r in records if r.ok and r.ttft_s is not None]
     return sum(ttfts) / len(ttfts) if ttfts else NAN

@@ -52,6 +52,10 @@ def _f(x: float, fmt: str = ".2f") -> str:
     return "n/a" if math.isnan(x) else format(x, fmt)
 
 
+def _x(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2f}x"
+
+
 def _run_row(run: Run, single: Run, again: Run) -> dict[str, Any]:
     ok = [r for r in run.records if r.ok]
     return {
@@ -79,6 +83,8 @@ def agreement_doc(prep: Prepared, runs: Sequence[Run]) -> dict[str, Any]:
         "runs": [_run_row(r, single, again) for r in runs],
         "matched": agree.matched,
         "agreement": agree.share,
+        "first_difference": cmp.first_difference(single.records, three.records),
+        "noise_floor_first_difference": cmp.first_difference(single.records, again.records),
         "agreement_with_single_again": cmp.agreement(again.records, three.records).share,
         "noise_floor_agreement": cmp.agreement(single.records, again.records).share,
         "ttft_ratio": cmp.ratio(cmp.mean_ttft(three.records), cmp.mean_ttft(single.records)),
@@ -129,16 +135,16 @@ def targets(doc: dict[str, Any]) -> list[Target]:
                           f"(noise floor {_f(100 * noise, '.1f')}%)", ">= 98%",
                           cmp.verdict(share >= cmp.AGREEMENT_TARGET)))  # fmt: skip
         ratio, noise = a["ttft_ratio"], a["noise_floor_ttft_ratio"]
-        out.append(Target(f"{name}: mean TTFT, three / one", f"{_f(ratio)}x (noise floor {_f(noise)}x)",
+        out.append(Target(f"{name}: mean TTFT, three / one", f"{_x(ratio)} (noise floor {_x(noise)})",
                           "within 5%", cmp.verdict(cmp.within(ratio, cmp.TTFT_TOLERANCE))))  # fmt: skip
     r = doc["restart"]
-    out.append(Target("restarted gateway's hit ratio / the others'", f"{_f(r['ratio'])}x "
+    out.append(Target("restarted gateway's hit ratio / the others'", f"{_x(r['ratio'])} "
                       f"({_f(r['restarted_hit_ratio'], '.3f')} over {r['restarted_requests']} requests vs "
                       f"{_f(r['others_hit_ratio'], '.3f')})", "within 5%",
                       cmp.verdict(cmp.within(r["ratio"], cmp.HIT_TOLERANCE)
                                   and r["restarted_requests"] >= cmp.FIRST_AFTER_RESTART)))  # fmt: skip
     low = doc["overhead"]["judged_min_ratio"]
-    out.append(Target("req/s with Redis sync / without (concurrency 16)", f"{_f(low)}x (lowest)", ">= 0.9x",
+    out.append(Target("req/s with Redis sync / without (concurrency 16)", f"{_x(low)} (lowest)", ">= 0.9x",
                       cmp.verdict(not math.isnan(low) and low >= cmp.THROUGHPUT_TARGET)))  # fmt: skip
     return out
 
@@ -203,6 +209,11 @@ def agreement_md(name: str, a: dict[str, Any]) -> list[str]:
                  _pct(r["same_as_single"]), _pct(r["same_as_single_again"]),
                  _f(r["foreign_cores"]), r["wall_s"])  # fmt: skip
         lines.append(_row(*cells))
+    first, noise = (
+        ("none" if i is None else i) for i in (a["first_difference"], a["noise_floor_first_difference"])
+    )
+    lines += ["", f"The first request (by index) that three gateways sent elsewhere than one: {first}; "
+              f"the first that single again sent elsewhere: {noise}."]  # fmt: skip
     return lines
 
 
@@ -218,7 +229,8 @@ def restart_md(r: dict[str, Any]) -> list[str]:
         "",
         "## Restarted gateway (rag, three gateways, #2 restarted at 40% of the arrival span)",
         "",
-        f"{r['requests']} requests, offered load {r['offered_load']}, {r['errors']} errors, whole-run hit "
+        f"{r['requests']} requests at the arrival rate of the rag above (offered load {r['offered_load']} "
+        f"over the whole run), {r['errors']} errors, whole-run hit "
         f"ratio {_f(r['whole_run_hit_ratio'], '.3f')}; #2 out of the rotation for {r['down_s']} s (SIGTERM "
         f"to exit {r['stop_s']} s); when "
         f"declared ready again its /status said: {seen}.{error}",
@@ -245,7 +257,7 @@ def overhead_md(o: dict[str, Any]) -> list[str]:
     lines += _head("scenario", "conc", "kvroute req/s", "kvroute+state req/s", "ratio")
     for t in o["ratios"]:
         cells = (t["scenario"], t["concurrency"], _f(t["without_rps"], ".0f"), _f(t["with_rps"], ".0f"))
-        lines.append(_row(*cells, f"{_f(t['ratio'])}x"))
+        lines.append(_row(*cells, _x(t["ratio"])))
     return lines
 
 

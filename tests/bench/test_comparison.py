@@ -22,6 +22,8 @@ def test_agreement_matches_requests_by_index_and_counts_only_those_that_succeede
     got = cmp.agreement(reference, other)
     assert (got.matched, got.same) == (3, 2) and got.share == 2 / 3
     assert math.isnan(cmp.agreement([], other).share)
+    assert cmp.first_difference(reference, other) == 1
+    assert cmp.first_difference(reference, reference) is None
 
 
 def test_mean_ttft_and_hit_ratio_leave_failed_requests_out() -> None:

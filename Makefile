@@ -31,6 +31,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/kvroute bench
+	$(BIN)/python -m bench.gateways
 
 bench-matrix: $(STAMP)
 	$(BIN)/kvroute bench --matrix

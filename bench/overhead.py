@@ -47,7 +47,7 @@ import orjson
 from bench import systems
 from bench.fleet import EmulatorFleet
 from bench.procs import ManagedProcess, served_model
-from bench.response_cache import redis_server
+from bench.redis_proc import redis_server
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "overhead"
 RUN_TIME_CAP_S = 30.0
@@ -378,7 +378,8 @@ def write_scrape(out: Path, meta: dict[str, object], r: ScrapeResult) -> str:
     return md
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line's settings (also what bench.gateways passes to `bench`)."""
     p = argparse.ArgumentParser(prog="python -m bench.overhead", description=__doc__.split("\n")[0])
     p.add_argument("--concurrency", type=int, default=16, help="the higher concurrency level (default 16)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every request count (default 1.0)")
@@ -394,7 +395,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     only.add_argument("--scrape-only", action="store_true", help="only the /metrics scrape measurement")
     only.add_argument("--no-scrape", action="store_true", help="skip the /metrics scrape measurement")
     p.add_argument("--out", type=Path, default=OUT_DIR)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.scrape_only:
         t0 = time.monotonic()

@@ -21,8 +21,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -31,11 +29,11 @@ from pathlib import Path
 
 import aiohttp
 import orjson
-import redis
 
 from bench import systems
 from bench.fleet import EmulatorFleet
-from bench.procs import LOOPBACK, free_ports, served_model
+from bench.procs import served_model
+from bench.redis_proc import redis_server
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "response_cache"
 RUN_TIME_CAP_S = 30.0
@@ -152,36 +150,6 @@ def _result(target: str, sc: Scenario, x: Samples) -> Result:
     return Result(
         target, sc.name, sc.concurrency, n, x.errors, hits, _pct(x.latency, 0.5), _pct(x.latency, 0.99), rps
     )
-
-
-@contextlib.contextmanager
-def redis_server() -> Iterator[str]:
-    """A redis-server of our own on a free loopback port; yields its URL; stopped by PID."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = free_ports(1)[0]
-    args = [exe, "--port", str(port), "--bind", LOOPBACK, "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for_redis(port)
-        yield f"redis://{LOOPBACK}:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-def _wait_for_redis(port: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with redis.Redis(host=LOOPBACK, port=port, socket_timeout=1.0) as client:
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
 
 
 def table(results: list[Result]) -> str:

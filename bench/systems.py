@@ -99,9 +99,12 @@ def counts(key: str, n: int) -> ReadyCheck:
 READY_PATHS = {"kvroute-": ("/status", "healthy_replicas"), "sglang-": ("/readiness", "healthy_workers")}
 
 
-def system_process(system: System, backends: Sequence[str], log: Path) -> ManagedProcess:
-    """The system's process on a free loopback port (`bench.procs`: ready-checked, stopped by PID)."""
-    port = free_ports(1)[0]
+def system_process(
+    system: System, backends: Sequence[str], log: Path, port: int | None = None
+) -> ManagedProcess:
+    """The system's process on `port` or a free loopback port (`bench.procs`: ready-checked, stopped by
+    PID)."""
+    port = port or free_ports(1)[0]
     argv = expand(system.command, port, backends)
     url = f"http://{LOOPBACK}:{port}"
     for prefix, (path, key) in READY_PATHS.items():

@@ -182,17 +182,20 @@ def rag_messages(layout: str, document: str, question: str) -> list[dict[str, An
     raise ValueError(f"unknown rag layout {layout!r}; known: system, user")
 
 
-def _rag(seed: int, shape: FleetShape, quick: bool, layout: str) -> tuple[TimedRequest, ...]:
+def _rag(
+    seed: int, shape: FleetShape, quick: bool, layout: str, count: int | None = None
+) -> tuple[TimedRequest, ...]:
     """Questions about tens of ~6K-token documents with Zipf(0.9) popularity, arriving at a steady
     rate from the start (while documents are first seen); the documents together are 1.6x the fleet's
-    GPU pools. Tags: "first" (a document's first question), "repeat"."""
+    GPU pools. Tags: "first" (a document's first question), "repeat". `count` requests (default 200,
+    quick 80): a longer run extends the same one (its first 200 are the default's)."""
     words = WordSource(seed)
     rng = words.rng
     doc_tokens = min(RAG_DOC_TOKENS, shape.gpu_tokens // 4)
     ndocs = max(8, math.ceil(1.6 * shape.fleet_gpu / doc_tokens))
     docs = [words.document(f"Document {d}", doc_tokens) for d in range(ndocs)]
     weights = _zipf_weights(ndocs, 0.9)
-    count, rate = (80, 4.0) if quick else (200, 4.0)
+    count, rate = count or (80 if quick else 200), 4.0
     out, seen, t = _Builder(), set(), 0.0
     for i in range(count):
         t += rng.expovariate(rate)
@@ -205,9 +208,9 @@ def _rag(seed: int, shape: FleetShape, quick: bool, layout: str) -> tuple[TimedR
     return tuple(out.items)
 
 
-def rag(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
+def rag(seed: int, shape: FleetShape, quick: bool = False, count: int | None = None) -> Workload:
     """RAG with the document in the system message and the question in the user message."""
-    reqs = _rag(seed, shape, quick, "system")
+    reqs = _rag(seed, shape, quick, "system", count)
     return Workload("rag", f"{rag.__doc__} {_rag.__doc__}", reqs, sweep=True)
 
 

@@ -1,0 +1,125 @@
+"""Several kvroute gateways in front of one fleet, sharing routing state through one Redis, and the
+client's round robin over them.
+
+`GatewayPool(n, backends, logs, state)` starts n `kvroute serve --policy cost` processes from bench.systems'
+kvroute template (`system_process`: each on its own free loopback port, ready when its /status counts
+every replica healthy), with `--state URL --state-namespace NS` when `state` is given (one Redis, one
+namespace: one fleet of gateways); with n = 1 and no state it is the single gateway alone.
+
+`choose` is the client-side round robin (a `bench.runner.Chooser`, as `bench.runner.rotating`) over the
+gateways that are up; every pick is logged as a `bench.comparison.Send`. `restart(i)` is a rolling
+restart of gateway i the way a load balancer sees one: i leaves the rotation (its turns go to the
+others, so the client never waits), gets SIGTERM through its ManagedProcess and drains (kvroute stops
+listening, finishes the requests it has in flight and exits; SIGKILL only after DRAIN_S), is started
+again on the same port, is ready when its /status
+counts every replica healthy (the same check as at the start), then its /status `state` section is read
+once (how many events it had replayed from Redis at that moment) and it rejoins the rotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import aiohttp
+
+from bench.comparison import Send
+from bench.procs import ManagedProcess, free_ports
+from bench.systems import kvroute, system_process
+from bench.workloads import TimedRequest
+
+DRAIN_S = 30.0  # SIGTERM, then SIGKILL after this (Kubernetes' default terminationGracePeriodSeconds)
+
+
+@dataclass(frozen=True, slots=True)
+class StateStore:
+    url: str
+    namespace: str
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    gateway: int
+    stop_s: float  # wall seconds from SIGTERM until it exited
+    down_s: float  # wall seconds out of the rotation (stop + start + ready)
+    state: dict[str, Any]  # its /status "state" section when it was declared ready again
+
+
+class GatewayPool:
+    """n kvroute gateways and the client's round robin over those that are up (module docstring)."""
+
+    def __init__(self, n: int, backends: Sequence[str], logs: Path, state: StateStore | None = None) -> None:
+        flags = ("--state", state.url, "--state-namespace", state.namespace) if state else ()
+        self._system = kvroute("cost", *flags)
+        self._backends = list(backends)
+        self._logs = logs
+        self.ports = free_ports(n)
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self._procs: list[ManagedProcess] = []
+        self._up = [False] * n
+        self._generation = [0] * n
+        self._turn = 0
+        self.sends: list[Send] = []
+        self.restarts: list[Restart] = []
+
+    def _process(self, i: int) -> ManagedProcess:
+        log = self._logs / f"gateway-{i}.{self._generation[i]}.log"
+        return system_process(self._system, self._backends, log, self.ports[i])
+
+    async def __aenter__(self) -> Self:
+        try:
+            for i in range(len(self.ports)):
+                self._procs.append(await self._process(i).__aenter__())
+                self._up[i] = True
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            await asyncio.to_thread(proc.close)
+
+    def choose(self, req: TimedRequest) -> str:
+        """The next gateway in turn that is up (round robin); logs the pick."""
+        n = len(self.urls)
+        for _ in range(n):
+            i, self._turn = self._turn % n, self._turn + 1
+            if self._up[i]:
+                break
+        self.sends.append(Send(req.index, i, self._generation[i]))
+        return self.urls[i]
+
+    async def restart(self, i: int) -> Restart:
+        """Gateway i out of the rotation, stopped, started again on its port, back in (docstring)."""
+        t0 = time.monotonic()
+        self._up[i] = False
+        await asyncio.to_thread(self._procs[i].stop, DRAIN_S)
+        await asyncio.to_thread(self._procs[i].close)
+        stopped = time.monotonic() - t0
+        self._generation[i] += 1
+        self._procs[i] = await self._process(i).__aenter__()
+        state = await state_section(self.urls[i])
+        self._up[i] = True
+        done = Restart(i, stopped, time.monotonic() - t0, state)
+        self.restarts.append(done)
+        return done
+
+
+async def state_section(url: str) -> dict[str, Any]:
+    """The gateway's /status `state` section ({} when it has none or does not answer)."""
+    try:
+        async with aiohttp.ClientSession() as http, http.get(f"{url}/status") as resp:
+            doc = await resp.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return {}
+    state = doc.get("state") if isinstance(doc, dict) else None
+    return state if isinstance(state, dict) else {}

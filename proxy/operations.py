@@ -25,6 +25,7 @@ from proxy.context import GATEWAY, Gateway
 from proxy.errors import ModelNotFound, UpstreamError
 from proxy.metrics import CONTENT_TYPE
 from proxy.model_names import resolve
+from proxy.state_sync import STATE_SYNC
 from proxy.status_doc import status_document
 from proxy.status_page import page_response, wants_html
 
@@ -96,14 +97,19 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
+    """200 once a replica is healthy and, with ``--state``, the start-up replay of the shared log is
+    done (or gave up after ``proxy.state_sync.START_WAIT_S``); 503 before."""
     replicas = request.app[GATEWAY].fleet.replicas()
     healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
+    sync = request.app.get(STATE_SYNC)
+    replaying = sync is not None and not sync.ready.is_set()
     doc = {
-        "status": "ready" if healthy else "not ready",
+        "status": "ready" if healthy and not replaying else "not ready",
         "healthy_replicas": healthy,
         "replicas": len(replicas),
+        **({"state": "replaying the shared log"} if replaying else {}),
     }
-    return _json(doc, status=200 if healthy else 503)
+    return _json(doc, status=200 if healthy and not replaying else 503)
 
 
 async def status(request: web.Request) -> web.Response:

@@ -230,3 +230,35 @@ async def test_gateway_processes_started_with_the_flag_agree(
         first = [(await ask(a.urls[0], i, s))[0] for i in range(6)]
         await asyncio.sleep(0.3)
         assert [(await ask(b.urls[0], i, s))[0] for i in range(6)] == first
+
+
+async def test_ready_waits_for_the_start_up_replay_and_not_beyond_its_cap(
+    emulator_server: Emulators, gateway: StartGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store that accepts connections and never answers: /ready is 503 while the replay waits, 200
+    once START_WAIT_S has passed (the gateway then routes on its own view, degraded)."""
+    import proxy.state_sync
+
+    monkeypatch.setattr(proxy.state_sync, "START_WAIT_S", 1.5)
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    silent = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    urls = await replicas(emulator_server, 1)
+    g = await gateway(urls, health_interval=0.1, state=f"redis://127.0.0.1:{port}/0")
+    try:
+        async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+            await wait_for(lambda: any(r.healthy for r in g.app[STATE_SYNC].gw.fleet.replicas()), 5)
+            async with s.get(g.url + "/ready") as resp:
+                assert resp.status == 503
+                assert (await resp.json())["state"] == "replaying the shared log"
+            await wait_for(lambda: g.app[STATE_SYNC].ready.is_set(), 5)
+            async with s.get(g.url + "/ready") as resp:
+                assert resp.status == 200
+    finally:
+        for w in held:
+            w.close()
+        silent.close()

@@ -80,9 +80,10 @@ class LoadTiePicker(Stage):
 
 
 def request_key(req: RoutingRequest) -> bytes:
-    """What makes requests differ for a draw: the first block, else the session, else the size."""
+    """What makes requests differ for a draw: the last block (it names the whole prompt: requests that
+    share only a system prompt draw apart, on every gateway alike), else the session, else the size."""
     if req.block_hashes:
-        return req.block_hashes[0].to_bytes(8, "little")
+        return req.block_hashes[-1].to_bytes(8, "little")
     if req.session_key:
         return req.session_key.encode()
     return req.prompt_tokens.to_bytes(8, "little")

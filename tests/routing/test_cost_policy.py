@@ -308,6 +308,18 @@ def test_near_ties_go_to_the_fewest_prefill_tokens_then_least_recent_then_a_seed
     )
 
 
+def test_requests_sharing_only_a_first_block_draw_apart_and_alike_on_every_gateway() -> None:
+    """Never-chosen replicas tie: the draw depends on the whole prompt (its last block), so new
+    conversations that share a system prompt spread, and two gateways draw the same for one request."""
+    fresh = [Scored(cand(r), 1.0) for r in ("x", "y", "z")]
+    picks = {LoadTiePicker(0, 0.05).pick(req(blocks=(1, 100 + i)), fresh).chosen.id for i in range(30)}
+    assert picks == {"x", "y", "z"}
+    one, other = LoadTiePicker(0, 0.05), LoadTiePicker(0, 0.05)
+    assert [one.pick(req(blocks=(1, 100 + i)), fresh).chosen.id for i in range(30)] == [
+        other.pick(req(blocks=(1, 100 + i)), fresh).chosen.id for i in range(30)
+    ]
+
+
 def test_new_sessions_sharing_a_system_prompt_spread_over_the_fleet() -> None:
     """r0 holds the shared prefix and stays the cheapest; new sessions still spread by session count."""
     policy = CostPolicy()

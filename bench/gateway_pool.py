@@ -12,13 +12,15 @@ restart of gateway i the way a load balancer sees one: i leaves the rotation (it
 others, so the client never waits), gets SIGTERM through its ManagedProcess and drains (kvroute stops
 listening, finishes the requests it has in flight and exits; SIGKILL only after DRAIN_S), is started
 again on the same port, is ready when its /status
-counts every replica healthy (the same check as at the start), then its /status `state` section is read
+counts every replica healthy (the same check as at the start) and its /ready answers 200 (with
+``--state``, once its start-up replay of the shared log is done), then its /status `state` section is read
 once (how many events it had replayed from Redis at that moment) and it rejoins the rotation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,11 +109,26 @@ class GatewayPool:
         stopped = time.monotonic() - t0
         self._generation[i] += 1
         self._procs[i] = await self._process(i).__aenter__()
+        await until_ready(self.urls[i])
         state = await state_section(self.urls[i])
         self._up[i] = True
         done = Restart(i, stopped, time.monotonic() - t0, state)
         self.restarts.append(done)
         return done
+
+
+async def until_ready(url: str, within_s: float = 10.0) -> bool:
+    """Polls the gateway's /ready (200 once its replicas are healthy and, with --state, its start-up
+    replay of the shared log is done) every 50 ms for at most ``within_s``."""
+    deadline = time.monotonic() + within_s
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with http.get(f"{url}/ready") as resp:
+                    if resp.status == 200:
+                        return True
+            await asyncio.sleep(0.05)
+    return False
 
 
 async def state_section(url: str) -> dict[str, Any]:

@@ -90,6 +90,13 @@ class RedisStore:
                 out[kind][g] = orjson.loads(value)
         return out
 
+    async def leave(self, gateway: str, kinds: Sequence[str]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zrem(self.gateways_key, gateway)
+        for kind in kinds:
+            pipe.delete(f"{self._doc_prefix}{kind}:{gateway}")
+        await pipe.execute()
+
     async def close(self) -> None:
         await self._client.aclose()
 

@@ -68,6 +68,10 @@ class StateStore(Protocol):
         """Every other gateway's live documents of these kinds, decoded: kind -> gateway -> JSON."""
         ...
 
+    async def leave(self, gateway: str, kinds: Sequence[str]) -> None:
+        """The gateway stops: its documents of ``kinds`` and its heartbeat go, so the others stop
+        counting its load and it as a peer at once rather than when they expire."""
+
     async def close(self) -> None: ...
 
 
@@ -138,6 +142,10 @@ class MemoryStore:
             if kind in out and g != skip and now < expires:
                 out[kind][g] = orjson.loads(data)
         return out
+
+    async def leave(self, gateway: str, kinds: Sequence[str]) -> None:
+        for kind in kinds:
+            self.docs.pop((kind, gateway), None)
 
     async def close(self) -> None:
         return None

@@ -19,6 +19,8 @@ warm-ups).
   requests, and the change is said once (a WARNING, ``kvroute_state_sync_up`` 0, ``/status``); when the
   store answers again the task says so and reads on from its last position (a flushed store simply
   has nothing older: new entries follow).
+- **Stop**: the gateway leaves the store (its heartbeat and documents are deleted), so the others stop
+  counting it as a peer and its load at once rather than when those expire.
 """
 
 from __future__ import annotations
@@ -184,6 +186,9 @@ async def _sync_ctx(app: web.Application) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(Exception):  # a store that hangs does not hold the shutdown
             await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), STOP_WAIT_S)
+            kinds = [p.kind for p in sync.parts]
+            await asyncio.wait_for(sync.store.leave(sync.gateway_id, kinds), STOP_WAIT_S)
+        with contextlib.suppress(Exception):
             await asyncio.wait_for(sync.store.close(), STOP_WAIT_S)
 
 

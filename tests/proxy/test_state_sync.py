@@ -262,3 +262,39 @@ async def test_ready_waits_for_the_start_up_replay_and_not_beyond_its_cap(
         for w in held:
             w.close()
         silent.close()
+
+
+@pytest.mark.parametrize("kind", ["redis", "memory"])
+async def test_a_stopping_gateway_leaves_the_store_at_once(kind: str, redis_server: RedisServer) -> None:
+    """Its heartbeat and documents go when it stops, so the others stop counting it as a peer, and
+    its load, now rather than when they expire (60 s and 5 s)."""
+    from proxy.redis_store import RedisStore
+    from proxy.state_store import Doc, StateStore
+
+    store: StateStore = RedisStore(redis_server.url, "leave") if kind == "redis" else MemoryStore()
+    try:
+        for g in ("a", "b"):
+            await store.publish(g, [], {"load": Doc(orjson.dumps({"r": [1, 0, 0.5, 0.1, 0.2]}), 5.0)})
+        assert set((await store.gather(["load"], skip="c"))["load"]) == {"a", "b"}
+        await store.leave("a", ["load"])
+        assert set((await store.gather(["load"], skip="c"))["load"]) == {"b"}
+    finally:
+        await store.close()
+
+
+async def test_the_others_stop_counting_a_gateway_as_soon_as_it_stops(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    from proxy.server import build_app
+    from proxy.settings import Settings
+    from tests.conftest import serve
+
+    urls = await replicas(emulator_server, 1)
+    (b,) = await gateways(gateway, urls, 1, state=redis_server.url)
+    stats = b.app[STATE_SYNC].stats
+    settings = Settings(backends=tuple(urls), health_interval=0.1, state=redis_server.url)
+    async with serve(build_app(settings)):
+        await wait_for(lambda: stats.peers == 1, 10)
+    t0 = time.monotonic()
+    await wait_for(lambda: stats.peers == 0, 10)
+    assert time.monotonic() - t0 < 2.0  # not the 5 s of its load document's expiry

@@ -67,8 +67,10 @@ class RedisStore:
         pipe.expire(self.gateways_key, LOG_TTL_S)
         await pipe.execute()
 
-    async def read(self, since: str) -> tuple[list[tuple[str, Batch]], str]:
-        found = await self._client.xread({self.log_key: since}, count=READ_COUNT)
+    async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
+        # XREAD BLOCK in ms (0 would be forever), within the socket time-out
+        block = max(1, int(min(block_s, TIMEOUT_S / 2) * 1000)) if block_s > 0 else None
+        found = await self._client.xread({self.log_key: since}, count=READ_COUNT, block=block)
         out: list[tuple[str, Batch]] = []
         last = since
         for _key, entries in found or ():

@@ -22,6 +22,7 @@ Payloads are JSON; block hashes are packed little-endian uint64 in base64.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from array import array
@@ -60,8 +61,9 @@ class StateStore(Protocol):
 
     async def publish(self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc]) -> None: ...
 
-    async def read(self, since: str) -> tuple[list[tuple[str, Batch]], str]:
-        """Batches after position ``since`` ("0": from the start), and the new position."""
+    async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
+        """Batches after position ``since`` ("0": from the start), and the new position; with ``block_s``
+        > 0 it waits up to that long for the first one when there is none yet."""
         ...
 
     async def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
@@ -129,7 +131,9 @@ class MemoryStore:
         for kind, doc in docs.items():
             self.docs[(kind, gateway)] = (now + doc.ttl_s, doc.data)
 
-    async def read(self, since: str) -> tuple[list[tuple[str, Batch]], str]:
+    async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
+        if block_s > 0 and int(since) >= self.trimmed + len(self.log):
+            await asyncio.sleep(block_s)  # in-process: polled (another gateway here publishes meanwhile)
         start = max(int(since), self.trimmed) - self.trimmed
         batches = [decode(raw) for raw in self.log[start:]]
         end = self.trimmed + len(self.log)

@@ -27,7 +27,7 @@ Pure and synchronous: no I/O, no clock, no environment.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import xxhash
@@ -172,9 +172,10 @@ class Router:
         self.outbox.put(Restarted(replica))
 
     # ---- shared state (routing.sharing) ---------------------------------------------------------------
-    def share(self) -> None:
-        """From now on, keep the events other gateways should see (``drain`` hands them out)."""
-        self.outbox.open()
+    def share(self, notify: Callable[[], None] | None = None) -> None:
+        """From now on, keep the events other gateways should see (``drain`` hands them out);
+        ``notify`` is called after each new one (the sync task publishes without waiting a round)."""
+        self.outbox.open(notify)
 
     def drain(self) -> list[Event]:
         return self.outbox.drain()

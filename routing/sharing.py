@@ -20,7 +20,7 @@ before they reach any table.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from routing.cache_model import CacheModel
@@ -57,14 +57,19 @@ class Outbox:
 
     def __init__(self) -> None:
         self._events: deque[Event] | None = None
+        self._notify: Callable[[], None] | None = None
 
-    def open(self) -> None:
+    def open(self, notify: Callable[[], None] | None = None) -> None:
+        """Starts keeping events; ``notify`` (if given) is called after each one is put."""
         if self._events is None:
             self._events = deque(maxlen=MAX_BUFFERED)
+        self._notify = notify
 
     def put(self, event: Event) -> None:
         if self._events is not None:
             self._events.append(event)
+            if self._notify is not None:
+                self._notify()
 
     @property
     def is_open(self) -> bool:

@@ -298,3 +298,23 @@ async def test_the_others_stop_counting_a_gateway_as_soon_as_it_stops(
     t0 = time.monotonic()
     await wait_for(lambda: stats.peers == 0, 10)
     assert time.monotonic() - t0 < 2.0  # not the 5 s of its load document's expiry
+
+
+async def test_routed_requests_reach_the_others_without_waiting_for_a_round(
+    redis_server: RedisServer, emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """With the polling interval set to 10 s, a request routed by one gateway still reaches the other
+    within a blocking read: the publisher is kicked by the Router's outbox and the reader waits on the
+    log (the routed blocks arrive in well under a second, not at the next 10 s round)."""
+    urls = await replicas(emulator_server, 3)
+    a, b = await gateways(gateway, urls, 2, state=redis_server.url)
+    for g in (a, b):
+        g.app[STATE_SYNC].interval_s = 10.0
+    await asyncio.sleep(0.6)  # the loops' current waits (of the old interval, reads capped at 0.5 s) end
+    seen = b.app[STATE_SYNC].stats.applied_events
+    async with aiohttp.ClientSession(timeout=TIMEOUT) as s:
+        holder, _ = await ask(a.url, 1, s)
+        t0 = time.monotonic()
+        await wait_for(lambda: b.app[STATE_SYNC].stats.applied_events > seen, 5)
+        assert time.monotonic() - t0 < 2.0
+        assert (await ask(b.url, 1, s))[0] == holder

@@ -90,7 +90,7 @@ class StateSync:
     async def run(self) -> None:
         """Runs until cancelled: the start-up replay, then the publisher and the reader."""
         try:
-            await asyncio.wait_for(self._round(), timeout=START_WAIT_S)
+            await asyncio.wait_for(self._start(), timeout=START_WAIT_S)
         except Exception as e:
             self._trouble(e)
         self.ready.set()
@@ -120,7 +120,14 @@ class StateSync:
                 self._trouble(e)
                 await asyncio.sleep(self.interval_s)
 
-    async def _round(self) -> None:
+    async def _start(self) -> None:
+        """The replay, once every replica's capacities are known (the cache model sizes its tiers from
+        them: replayed into a replica of unknown size, the blocks would not be kept), or after half of
+        ``START_WAIT_S`` (a replica that is down does not hold up what is known of the others)."""
+        for _ in range(int(START_WAIT_S / 2 / 0.02)):
+            if all(r.info is not None for r in self.gw.fleet.replicas()):
+                break
+            await asyncio.sleep(0.02)
         await self._publish()
         await self._apply_log(0.0)
 

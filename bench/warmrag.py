@@ -19,6 +19,10 @@ load LOAD by bench.point.prepare, replayed by bench.runner (TTFT from the schedu
    fleet's cold prefill rate at that length (emulator/timing.py: replicas x n / prefill_seconds(0, n)).
 4. live: the questions of 2. once more on a fresh fleet while a warm-up job of other documents (rag's
    documents of seed 2, `wait: false`) runs alongside: mean TTFT with / without (run 2).
+5. noise: the questions of 2. once more, again without warm-up: mean TTFT of the two (what the
+   emulator's run-to-run variation alone does to the ratio of 4.).
+
+Every run's records go to OUT/records.json (not committed).
 
 Results: bench/results/warmrag/warmrag.json and warmrag.md (bench.warmrag_report), also printed.
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import shlex
 import signal
 import sys
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 
 from bench import warmrag_report as rep
 from bench.comparison import mean_ttft, ratio
@@ -148,9 +154,9 @@ async def warm_run(ctx: Context) -> tuple[list[Record], dict[str, Any], float]:
         return await questions(ctx, stack.url, "after warm-up"), view, wall
 
 
-async def cold_run(ctx: Context) -> list[Record]:
-    async with Stack(ctx.prep.fleet, ctx.logs / "cold") as stack:
-        return await questions(ctx, stack.url, "no warm-up")
+async def cold_run(ctx: Context, label: str = "no warm-up") -> list[Record]:
+    async with Stack(ctx.prep.fleet, ctx.logs / label.replace(" ", "-").replace(",", "")) as stack:
+        return await questions(ctx, stack.url, label)
 
 
 async def live_run(ctx: Context) -> tuple[list[Record], dict[str, Any]]:
@@ -188,28 +194,6 @@ async def throughput_run(ctx: Context) -> dict[str, Any]:
             "ratio": ratio(rate, fleet_rate)}  # fmt: skip
 
 
-def first_numbers(ctx: Context, records: list[Record], view: dict[str, Any]) -> dict[str, Any]:
-    doc_of = rep.doc_indices(ctx.prep.workload.requests, ctx.docs)
-    tiers = rep.warm_tiers(view)
-    host_docs = [int(k.split("-")[1]) for k, t in tiers.items() if t == "host"]
-    every, host = (
-        rep.first_vs_repeat(records),
-        rep.first_vs_repeat(records, rep.indices_about(doc_of, host_docs)),
-    )
-    counts = {t: sum(1 for v in tiers.values() if v == t) for t in set(tiers.values())}
-    return {"all": _fvr(every), "host": _fvr(host), "tiers_after_warmup": counts}
-
-
-def _fvr(f: rep.FirstVsRepeat) -> dict[str, Any]:
-    return {
-        "first_s": f.first_s,
-        "repeat_s": f.repeat_s,
-        "firsts": f.firsts,
-        "cold": f.cold,
-        "ratio": f.ratio,
-    }
-
-
 def _first_ttft(records: list[Record]) -> float:
     return mean_ttft(r for r in records if r.tag == "first")
 
@@ -217,36 +201,39 @@ def _first_ttft(records: list[Record]) -> float:
 async def bench(quick: bool, out: Path) -> dict[str, Any]:
     ctx = context(quick, out)
     _stage(
-        f"[1/4] warm-up of {len(ctx.docs)} rag documents, then {len(ctx.prep.workload.requests)} questions"
+        f"[1/5] warm-up of {len(ctx.docs)} rag documents, then {len(ctx.prep.workload.requests)} questions"
     )
     warm, view, warm_wall = await warm_run(ctx)
-    _stage("[2/4] the same questions on a fresh fleet without warm-up")
+    _stage("[2/5] the same questions on a fresh fleet without warm-up")
     cold = await cold_run(ctx)
-    _stage("[3/4] warm throughput: long documents on a fleet with big pools")
+    _stage("[3/5] warm throughput: long documents on a fleet with big pools")
     thr = await throughput_run(ctx)
-    _stage("[4/4] the same questions while a warm-up job of other documents runs")
+    _stage("[4/5] the same questions while a warm-up job of other documents runs")
     live, job = await live_run(ctx)
-    first = first_numbers(ctx, warm, view)
-    runs = {"warm": warm, "cold": cold, "live": live}
+    _stage("[5/5] the questions of 2. once more on a fresh fleet without warm-up (the noise floor)")
+    again = await cold_run(ctx, "no warm-up, again")
+    first = rep.first_numbers(ctx.prep.workload.requests, ctx.docs, warm, view)
+    runs = {"warm": warm, "cold": cold, "live": live, "cold_again": again}
+    write_records(out, runs)
     return {
         "fleet": ctx.prep.fleet.meta(), "load": LOAD, "questions": len(ctx.prep.workload.requests),
         "documents": len(ctx.docs), "warmup_wall_s": round(warm_wall, 2),
         "first_vs_repeat": first["all"], "first_vs_repeat_host": first["host"],
-        "tiers_after_warmup": first["tiers_after_warmup"],
+        "tiers_after_warmup": first["tiers_after_warmup"], "first_vs_repeat_by_tier": first["by_tier"],
+        "ideal_host_over_gpu": rep.ideal_ratio(ctx.prep.fleet.timing, warm),
         "without_vs_with": ratio(_first_ttft(cold), _first_ttft(warm)),
         "first_ttft_s": {"without": _first_ttft(cold), "with": _first_ttft(warm)},
         "throughput": thr,
-        "live": live_numbers(cold, live, job),
+        "live": rep.live_numbers(cold, live, job, again),
         "errors": {k: sum(1 for r in v if not r.ok) for k, v in runs.items()},
     }  # fmt: skip
 
 
-def live_numbers(cold: list[Record], live: list[Record], job: dict[str, Any]) -> dict[str, Any]:
-    docs = job.get("documents") or ()
-    without, with_ = mean_ttft(cold), mean_ttft(live)
-    warm = sum(1 for d in docs if d["status"] == "warm")
-    return {"without_s": without, "with_s": with_, "ratio": ratio(with_, without),
-            "warmup_documents": len(docs), "warm_by_end": warm}  # fmt: skip
+def write_records(out: Path, runs: dict[str, list[Record]]) -> None:
+    """Every run's records in OUT/records.json (not committed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {name: [dataclasses.asdict(r) for r in records] for name, records in runs.items()}
+    (out / "records.json").write_bytes(orjson.dumps(doc))
 
 
 def _stage(text: str) -> None:

@@ -22,10 +22,10 @@ from typing import Any
 
 import orjson
 
-from bench.comparison import NAN, mean_ttft, ratio, verdict, within
+from bench.comparison import NAN, hit_ratio, mean_ttft, ratio, verdict, within
 from bench.runner import Record
 from bench.workloads import RAG_INSTRUCTION, TimedRequest
-from emulator.timing import ProfileTiming
+from emulator.timing import ProfileTiming, ttft_seconds
 
 FIRST_TARGET = 1.2  # mean first-question TTFT after warm-up <= 1.2x a repeat's
 THROUGHPUT_TARGET = 0.9  # warming >= 0.9x the fleet's emulated cold prefill throughput
@@ -84,6 +84,24 @@ def indices_about(doc_of: Mapping[int, int], docs: Iterable[int]) -> list[int]:
     return [i for i, d in doc_of.items() if d in wanted]
 
 
+def by_quarter(records: Sequence[Record], reference: Sequence[Record]) -> list[float]:
+    """Mean TTFT of `records` over the same requests' in `reference` (matched by index, both ok), per
+    quarter of the arrival span (by scheduled arrival; the span ends at the last one)."""
+    ref = {r.index: r for r in reference if r.ok}
+    pairs = [(r, ref[r.index]) for r in records if r.ok and r.index in ref]
+    end = max((r.due_s for r, _ in pairs), default=0.0) or 1.0
+    quarters: list[list[tuple[Record, Record]]] = [[], [], [], []]
+    for a, b in pairs:
+        quarters[min(3, int(4 * a.due_s / end))].append((a, b))
+    return [ratio(mean_ttft(a for a, _ in q), mean_ttft(b for _, b in q)) for q in quarters]
+
+
+def ideal_host_over_gpu(timing: ProfileTiming, prompt: int, cached: int) -> float:
+    """The profile's TTFT of a host reload of `cached` tokens over a GPU hit of them (no queueing)."""
+    gpu = ttft_seconds(timing, prompt, cached, 0, 0)
+    return ratio(ttft_seconds(timing, prompt, cached, cached, 0), gpu)
+
+
 def warm_rate(tokens: float, wall_s: float, time_scale: float) -> float:
     """Warmed tokens per modelled second (wall seconds / time scale)."""
     return tokens / (wall_s / time_scale) if wall_s > 0 else NAN
@@ -92,6 +110,56 @@ def warm_rate(tokens: float, wall_s: float, time_scale: float) -> float:
 def prefill_rate(timing: ProfileTiming, replicas: int, n: int) -> float:
     seconds = timing.prefill_seconds(0, n)
     return replicas * n / seconds if seconds > 0 else NAN
+
+
+def first_numbers(
+    requests: Sequence[TimedRequest], docs: Sequence[str], records: Sequence[Record], view: Mapping[str, Any]
+) -> dict[str, Any]:
+    """First vs repeat for every document, and per tier the warm-up answer put documents in."""
+    doc_of, tiers = doc_indices(requests, docs), warm_tiers(view)
+    in_tier = {t: [int(k.rsplit("-", 1)[1]) for k, v in tiers.items() if v == t] for t in set(tiers.values())}
+    by_tier = {t: _fvr(first_vs_repeat(records, indices_about(doc_of, d))) for t, d in in_tier.items()}
+    host = by_tier.get("host", _fvr(FirstVsRepeat(NAN, NAN, 0, 0)))
+    counts = {t: len(d) for t, d in in_tier.items()}
+    return {
+        "all": _fvr(first_vs_repeat(records)),
+        "host": host,
+        "by_tier": by_tier,
+        "tiers_after_warmup": counts,
+    }
+
+
+def _fvr(f: FirstVsRepeat) -> dict[str, Any]:
+    return {
+        "first_s": f.first_s,
+        "repeat_s": f.repeat_s,
+        "firsts": f.firsts,
+        "cold": f.cold,
+        "ratio": f.ratio,
+    }
+
+
+def live_numbers(
+    cold: Sequence[Record], live: Sequence[Record], job: Mapping[str, Any], again: Sequence[Record]
+) -> dict[str, Any]:
+    """Live TTFT with a warm-up alongside over without (and the noise floor: `again` over `cold`)."""
+    docs = job.get("documents") or ()
+    without, with_ = mean_ttft(cold), mean_ttft(live)
+    return {"without_s": without, "with_s": with_, "ratio": ratio(with_, without),
+            "hit_ratio_without": hit_ratio(cold), "hit_ratio_with": hit_ratio(live),
+            "warmup_documents": len(docs), "warm_by_end": sum(1 for d in docs if d["status"] == "warm"),
+            "noise_ratio": ratio(mean_ttft(again), without),
+            "by_quarter": by_quarter(live, cold), "noise_by_quarter": by_quarter(again, cold)}  # fmt: skip
+
+
+def ideal_ratio(timing: ProfileTiming, records: Sequence[Record]) -> float:
+    """The profile's host reload over GPU hit TTFT for the run's mean first question (no queueing)."""
+    firsts = [r for r in records if r.ok and r.tag == "first"]
+    n = max(1, len(firsts))
+    prompt, cached = (
+        round(sum(getattr(r, k) for r in firsts) / n) for k in ("prompt_tokens", "cached_tokens")
+    )
+    return ideal_host_over_gpu(timing, prompt, cached)
 
 
 def targets(found: Mapping[str, Any]) -> list[dict[str, Any]]:

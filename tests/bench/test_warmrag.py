@@ -76,3 +76,21 @@ def test_targets_pass_and_miss() -> None:
     got = [r["verdict"] for r in rep.targets(found)]
     assert got == ["PASS", "MISS", "-", "PASS", "MISS"]
     assert "| MISS |" in rep.markdown(found, "cmd", 1.0)
+
+
+def timed(i: int, due: float, ttft: float) -> Record:
+    return Record(i, "repeat", "s", 200, "", due, due, ttft, ttft, 1.0, 100, 90, 4, 100, "r")
+
+
+def test_by_quarter_matches_requests_by_index_per_quarter_of_the_span() -> None:
+    live = [timed(0, 0.0, 2.0), timed(1, 3.0, 1.0), timed(2, 5.0, 1.0), timed(3, 8.0, 3.0)]
+    ref = [timed(3, 8.0, 1.0), timed(2, 5.0, 1.0), timed(0, 0.0, 1.0)]  # 1 missing: left out
+    got = rep.by_quarter(live, ref)
+    assert got[0] == 2.0 and math.isnan(got[1]) and got[2:] == [1.0, 3.0]
+
+
+def test_ideal_host_over_gpu_is_the_host_reload_cost_over_a_gpu_hit() -> None:
+    timing = ProfileTiming(PROFILES["rtx3090x2"], hicache=True)
+    got = rep.ideal_host_over_gpu(timing, 6100, 6000)
+    gpu = 0.1 + timing.prefill_seconds(6000, 6100)
+    assert math.isclose(got, (gpu + 6000 / PROFILES["rtx3090x2"].host_rate) / gpu)

@@ -66,6 +66,13 @@ LONG_TIME_SCALE = 0.1
 WARM_TIMEOUT_S = 240.0
 MAX_RUN_S = 120.0
 TTL_S = 900
+CACHE_TOTALS = (
+    "gpu_hit_tokens_total",
+    "host_hit_tokens_total",
+    "load_back_tokens_total",
+    "evicted_tokens_total",
+)
+CACHE_KEYS = ("gpu_used", "host_used", *CACHE_TOTALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +153,30 @@ async def questions(ctx: Context, url: str, label: str) -> list[Record]:
     return records
 
 
-async def warm_run(ctx: Context) -> tuple[list[Record], dict[str, Any], float]:
+async def warm_run(ctx: Context) -> tuple[list[Record], dict[str, Any], float, dict[str, Any]]:
+    """(the questions' records, the warm-up answer, its wall seconds, the emulators' cache counters)."""
     async with Stack(ctx.prep.fleet, ctx.logs / "warm") as stack:
         model = await served_model(stack.url) or "default"
         view, wall = await post_warmup(stack.url, warm_body(model, ctx.docs, "doc", True))
         _stage(f"   warmed {len(ctx.docs)} documents in {wall:.1f} s wall")
-        return await questions(ctx, stack.url, "after warm-up"), view, wall
+        before = await emu_cache(stack.fleet.urls)
+        records = await questions(ctx, stack.url, "after warm-up")
+        after = await emu_cache(stack.fleet.urls)
+    during = {k: after.get(k, 0) - before.get(k, 0) for k in CACHE_TOTALS}
+    return records, view, wall, {"after_warmup": before, "during_questions": during}
+
+
+async def emu_cache(urls: list[str]) -> dict[str, int]:
+    """The emulators' /_emu/state cache section summed over replicas ({} if one does not answer)."""
+    out: dict[str, int] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as http:
+        for url in urls:
+            async with http.get(f"{url}/_emu/state") as resp:
+                cache = (await resp.json()).get("cache") or {}
+            for k, v in cache.items():
+                if k in CACHE_KEYS:
+                    out[k] = out.get(k, 0) + int(v)
+    return out
 
 
 async def cold_run(ctx: Context, label: str = "no warm-up") -> list[Record]:
@@ -203,7 +228,7 @@ async def bench(quick: bool, out: Path) -> dict[str, Any]:
     _stage(
         f"[1/5] warm-up of {len(ctx.docs)} rag documents, then {len(ctx.prep.workload.requests)} questions"
     )
-    warm, view, warm_wall = await warm_run(ctx)
+    warm, view, warm_wall, emu = await warm_run(ctx)
     _stage("[2/5] the same questions on a fresh fleet without warm-up")
     cold = await cold_run(ctx)
     _stage("[3/5] warm throughput: long documents on a fleet with big pools")
@@ -220,6 +245,7 @@ async def bench(quick: bool, out: Path) -> dict[str, Any]:
         "documents": len(ctx.docs), "warmup_wall_s": round(warm_wall, 2),
         "first_vs_repeat": first["all"], "first_vs_repeat_host": first["host"],
         "tiers_after_warmup": first["tiers_after_warmup"], "first_vs_repeat_by_tier": first["by_tier"],
+        "emulator_cache": emu,
         "ideal_host_over_gpu": rep.ideal_ratio(ctx.prep.fleet.timing, warm),
         "without_vs_with": ratio(_first_ttft(cold), _first_ttft(warm)),
         "first_ttft_s": {"without": _first_ttft(cold), "with": _first_ttft(warm)},

@@ -32,6 +32,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/kvroute bench
 	$(BIN)/python -m bench.gateways
+	$(BIN)/python -m bench.warmrag
 
 bench-matrix: $(STAMP)
 	$(BIN)/kvroute bench --matrix

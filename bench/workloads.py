@@ -182,6 +182,19 @@ def rag_messages(layout: str, document: str, question: str) -> list[dict[str, An
     raise ValueError(f"unknown rag layout {layout!r}; known: system, user")
 
 
+def _rag_documents(words: WordSource, shape: FleetShape) -> tuple[int, list[str]]:
+    """(tokens per document, the documents): 1.6x the fleet's GPU pools of ~6K-token documents."""
+    doc_tokens = min(RAG_DOC_TOKENS, shape.gpu_tokens // 4)
+    ndocs = max(8, math.ceil(1.6 * shape.fleet_gpu / doc_tokens))
+    return doc_tokens, [words.document(f"Document {d}", doc_tokens) for d in range(ndocs)]
+
+
+def rag_documents(seed: int, shape: FleetShape) -> list[str]:
+    """The documents `rag` and `rag_user` ask about for this seed and fleet (the same texts, in order;
+    `rag_messages` builds a request's messages from one)."""
+    return _rag_documents(WordSource(seed), shape)[1]
+
+
 def _rag(
     seed: int, shape: FleetShape, quick: bool, layout: str, count: int | None = None
 ) -> tuple[TimedRequest, ...]:
@@ -191,9 +204,8 @@ def _rag(
     quick 80): a longer run extends the same one (its first 200 are the default's)."""
     words = WordSource(seed)
     rng = words.rng
-    doc_tokens = min(RAG_DOC_TOKENS, shape.gpu_tokens // 4)
-    ndocs = max(8, math.ceil(1.6 * shape.fleet_gpu / doc_tokens))
-    docs = [words.document(f"Document {d}", doc_tokens) for d in range(ndocs)]
+    doc_tokens, docs = _rag_documents(words, shape)
+    ndocs = len(docs)
     weights = _zipf_weights(ndocs, 0.9)
     count, rate = count or (80 if quick else 200), 4.0
     out, seen, t = _Builder(), set(), 0.0

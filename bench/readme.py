@@ -89,7 +89,7 @@ Also in `bench/results/summary.{md,json}`.
 
 SECTION_HEAD = """## Fleet benchmark
 
-    make bench                         # the plan below (~55 min, 2 cores), then bench.gateways (~3 min)
+    make bench                         # the plan below (~55 min), then bench.gateways and bench.warmrag (~5)
     kvroute bench --matrix             # every workload x every system (10), seeds' profile, load 0.6, seed 1
     kvroute bench rag rag_user --load 0.3,0.9 --profile h200 --seeds 1,2 --systems kvroute-cost,oracle
     kvroute bench hot --quick          # small and fast, under /tmp/kvroute-bench-quick, README untouched

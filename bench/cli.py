@@ -33,6 +33,7 @@ from bench.fleet import FleetSpec
 from bench.plan import Point
 from bench.point import RunSettings, run_point
 from bench.procs import NotReady
+from bench.progress import interrupt
 from bench.summary import write_summary
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -119,12 +120,8 @@ def parse(argv: Sequence[str]) -> BenchConfig:
     return BenchConfig(points, run, readme)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # asyncio.run cancels the run, and every `async with` stops its process
-
-
 def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         cfg = parse(argv)
     except ValueError as exc:

@@ -53,7 +53,7 @@ from bench.gateway_report import Found, Run, write
 from bench.plan import DEFAULT_LOAD, DEFAULT_PROFILE, Point
 from bench.point import Prepared, RunSettings, prepare
 from bench.procs import NotReady, free_ports, served_model
-from bench.progress import Progress
+from bench.progress import Progress, interrupt, stage
 from bench.redis_proc import redis_server
 from bench.runner import replay
 from bench.systems import kvroute
@@ -165,20 +165,12 @@ async def bench(quick: bool, out: Path, overhead_scale: float) -> Found:
     with redis_server() as url:
         ctx = Context(settings(quick, out), url, out / "logs")
         for k, name in enumerate(("agent", "rag"), 1):
-            _stage(f"[{k}/4] agreement and TTFT on {name}: one gateway, three sharing Redis, one again")
+            stage(f"[{k}/4] agreement and TTFT on {name}: one gateway, three sharing Redis, one again")
             agreement[name] = await agreement_runs(ctx, name)
-        _stage("[3/4] restarted gateway: three gateways on a longer rag, #2 restarted at 40%")
+        stage("[3/4] restarted gateway: three gateways on a longer rag, #2 restarted at 40%")
         restart = await restart_run(ctx)
-    _stage("[4/4] sync overhead: bench.overhead --state --no-router --no-scrape")
+    stage("[4/4] sync overhead: bench.overhead --state --no-router --no-scrape")
     return Found(agreement, restart, await overhead_results(out, overhead_scale))
-
-
-def _stage(text: str) -> None:
-    print(f"== {text}", file=sys.stderr, flush=True)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # asyncio.run cancels the run, and every `async with` stops its process
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help=f"results directory (default {OUT_DIR})")
     args = p.parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else OUT_DIR)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     t0 = time.monotonic()
     try:
         found = asyncio.run(bench(args.quick, out, args.overhead_scale))

@@ -55,3 +55,13 @@ class Progress:
         prefix = "\r" if self._tty else ""
         self._stream.write(prefix + self.line() + (f"  {note}" if note else "") + "\n")
         self._stream.flush()
+
+
+def stage(text: str) -> None:
+    """A stage line of a long bench command, on stderr."""
+    print(f"== {text}", file=sys.stderr, flush=True)
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """A SIGTERM handler: asyncio.run cancels the run, and every `async with` stops its process."""
+    raise KeyboardInterrupt

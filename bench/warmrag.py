@@ -49,7 +49,7 @@ from bench.fleet import EmulatorFleet, FleetSpec
 from bench.plan import DEFAULT_PROFILE, Point
 from bench.point import Prepared, RunSettings, prepare
 from bench.procs import ManagedProcess, NotReady, served_model
-from bench.progress import Progress
+from bench.progress import Progress, interrupt, stage
 from bench.runner import Record, replay
 from bench.systems import kvroute, system_process
 from bench.text import WordSource
@@ -158,7 +158,7 @@ async def warm_run(ctx: Context) -> tuple[list[Record], dict[str, Any], float, d
     async with Stack(ctx.prep.fleet, ctx.logs / "warm") as stack:
         model = await served_model(stack.url) or "default"
         view, wall = await post_warmup(stack.url, warm_body(model, ctx.docs, "doc", True))
-        _stage(f"   warmed {len(ctx.docs)} documents in {wall:.1f} s wall")
+        stage(f"   warmed {len(ctx.docs)} documents in {wall:.1f} s wall")
         before = await emu_cache(stack.fleet.urls)
         records = await questions(ctx, stack.url, "after warm-up")
         after = await emu_cache(stack.fleet.urls)
@@ -225,17 +225,15 @@ def _first_ttft(records: list[Record]) -> float:
 
 async def bench(quick: bool, out: Path) -> dict[str, Any]:
     ctx = context(quick, out)
-    _stage(
-        f"[1/5] warm-up of {len(ctx.docs)} rag documents, then {len(ctx.prep.workload.requests)} questions"
-    )
+    stage(f"[1/5] warm-up of {len(ctx.docs)} rag documents, then {len(ctx.prep.workload.requests)} questions")
     warm, view, warm_wall, emu = await warm_run(ctx)
-    _stage("[2/5] the same questions on a fresh fleet without warm-up")
+    stage("[2/5] the same questions on a fresh fleet without warm-up")
     cold = await cold_run(ctx)
-    _stage("[3/5] warm throughput: long documents on a fleet with big pools")
+    stage("[3/5] warm throughput: long documents on a fleet with big pools")
     thr = await throughput_run(ctx)
-    _stage("[4/5] the same questions while a warm-up job of other documents runs")
+    stage("[4/5] the same questions while a warm-up job of other documents runs")
     live, job = await live_run(ctx)
-    _stage("[5/5] the questions of 2. once more on a fresh fleet without warm-up (the noise floor)")
+    stage("[5/5] the questions of 2. once more on a fresh fleet without warm-up (the noise floor)")
     again = await cold_run(ctx, "no warm-up, again")
     first = rep.first_numbers(ctx.prep.workload.requests, ctx.docs, warm, view)
     runs = {"warm": warm, "cold": cold, "live": live, "cold_again": again}
@@ -262,21 +260,13 @@ def write_records(out: Path, runs: dict[str, list[Record]]) -> None:
     (out / "records.json").write_bytes(orjson.dumps(doc))
 
 
-def _stage(text: str) -> None:
-    print(f"== {text}", file=sys.stderr, flush=True)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # asyncio.run cancels the run, and every `async with` stops its process
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.warmrag", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help=f"small workloads (default --out {QUICK_OUT})")
     p.add_argument("--out", type=Path, default=None, help=f"results directory (default {OUT_DIR})")
     args = p.parse_args(argv)
     out = args.out or (QUICK_OUT if args.quick else OUT_DIR)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     t0 = time.monotonic()
     try:
         found = asyncio.run(bench(args.quick, out))

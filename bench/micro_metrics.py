@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 
 from bench.fleet import EmulatorFleet
-from bench.overhead import SCRAPE_EMULATOR_ARGS, _pct
+from bench.overhead import SCRAPE_EMULATOR_ARGS, pct_ms
 from proxy.context import GATEWAY
 from proxy.server import build_app
 from proxy.serving import GatewayRunner
@@ -80,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=200)
     args = p.parse_args(argv)
     times = asyncio.run(measure(args.replicas, args.repeat))
-    p50 = {name: _pct(xs, 0.5) for name, xs in times.items()}
+    p50 = {name: pct_ms(xs, 0.5) for name, xs in times.items()}
     for name, xs in times.items():
-        p99 = _pct(xs, 0.99)
+        p99 = pct_ms(xs, 0.99)
         print(
             f"{name:<18} {args.replicas} replicas  CPU per render: p50 {p50[name]:.2f} ms  p99 {p99:.2f} ms"
         )

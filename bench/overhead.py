@@ -111,7 +111,8 @@ def scenarios(model: str, high: int, scale: float) -> list[Scenario]:
     ]
 
 
-def _pct(xs: Sequence[float], q: float) -> float:
+def pct_ms(xs: Sequence[float], q: float) -> float:
+    """The q-quantile (0-1, nearest rank) of seconds ``xs``, in milliseconds (NaN when empty)."""
     s = sorted(xs)
     return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000 if s else float("nan")
 
@@ -173,10 +174,10 @@ async def run_scenario(bases: dict[str, str], sc: Scenario, rounds: int) -> list
             sc.concurrency,
             len(x.latency),
             x.errors,
-            _pct(x.latency, 0.5),
-            _pct(x.latency, 0.99),
-            _pct(x.ttfb, 0.5),
-            _pct(x.ttfb, 0.99),
+            pct_ms(x.latency, 0.5),
+            pct_ms(x.latency, 0.99),
+            pct_ms(x.ttfb, 0.5),
+            pct_ms(x.ttfb, 0.99),
             len(x.latency) / x.wall if x.wall else 0.0,
         )
         for name, x in samples.items()
@@ -278,7 +279,7 @@ async def scrape(scrapes: int, logs: Path) -> ScrapeResult:
     text = body.decode()
     samples = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     m, h = timings["/metrics"], timings["/health"]
-    latency = (_pct(m, 0.5), _pct(m, 0.99), _pct(h, 0.5), _pct(h, 0.99))
+    latency = (pct_ms(m, 0.5), pct_ms(m, 0.99), pct_ms(h, 0.5), pct_ms(h, 0.99))
     return ScrapeResult(SCRAPE_REPLICAS, scrapes, len(body), samples, *latency, cpu[0], cpu[1])
 
 

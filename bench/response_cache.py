@@ -32,6 +32,7 @@ import orjson
 
 from bench import systems
 from bench.fleet import EmulatorFleet
+from bench.overhead import pct_ms
 from bench.procs import served_model
 from bench.redis_proc import redis_server
 
@@ -95,11 +96,6 @@ def scenarios(model: str, high: int, scale: float) -> list[Scenario]:
     ]
 
 
-def _pct(xs: Sequence[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000 if s else float("nan")
-
-
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, into: Samples) -> None:
     t0 = time.perf_counter()
     async with session.post(url, data=body, headers=JSON_HEADERS) as r:
@@ -148,7 +144,15 @@ def _result(target: str, sc: Scenario, x: Samples) -> Result:
     hits = x.hits / n if n else 0.0
     rps = n / x.wall if x.wall else 0.0
     return Result(
-        target, sc.name, sc.concurrency, n, x.errors, hits, _pct(x.latency, 0.5), _pct(x.latency, 0.99), rps
+        target,
+        sc.name,
+        sc.concurrency,
+        n,
+        x.errors,
+        hits,
+        pct_ms(x.latency, 0.5),
+        pct_ms(x.latency, 0.99),
+        rps,
     )
 
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations, response_cache, state_sync, warm_api
+from proxy import admin, handlers, operations, response_cache, route_preview, state_sync, warm_api
 from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
@@ -103,6 +103,7 @@ def build_app(settings: Settings) -> web.Application:
     warm_api.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
     admin.add_routes(app)
+    route_preview.add_routes(app)
     return app
 
 

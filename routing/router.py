@@ -16,6 +16,9 @@ carries everything the outcome needs: the routing request, the decision, a typed
 match and the TTFT terms on the replica that will serve it) and the cache model's receipt; a retried
 request's outcome is therefore learned against the replica that served it.
 
+``preview`` decides as ``route`` would and records nothing (the admin API's route preview, which also
+lets several gateways' views be compared request by request).
+
 ``finish`` settles the receipt (a request that never ran is rolled back), teaches the token estimator
 (text prompts; the cache model's capacities are re-converted to blocks when the estimate moves by more
 than ``RESIZE_FRACTION``) and the rate learner. Tickets are tracked in a bounded ledger
@@ -38,6 +41,7 @@ from routing.canonical import namespace_salt, render
 from routing.config import RoutingConfig
 from routing.hashing import block_hashes
 from routing.ledger import OpenTickets
+from routing.pipeline import Choice
 from routing.policies.factory import build_policy
 from routing.prompt import PromptRequest, TokenPrompt
 from routing.rates import RateBook
@@ -63,6 +67,17 @@ from routing.warm_placement import rank_for_warmup
 
 MAX_OPEN = 8192  # tickets open at once; the oldest beyond are settled as if they ran
 RESIZE_FRACTION = 0.1  # the cache model is re-sized when the token estimate moves by more than this
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A decision not taken: where ``route`` would send a request, what it expects to find there (the
+    cache model's match and the TTFT terms) and the request's estimated prompt tokens."""
+
+    decision: Decision
+    match: PrefixMatch
+    terms: TtftTerms | None
+    prompt_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,13 +118,25 @@ class Router:
     def route(self, req: PromptRequest, states: Sequence[ReplicaState]) -> Ticket:
         """Decides and records; raises ``routing.pipeline.NoCandidates`` when no replica can serve."""
         rreq, size = self._prepare(req)
-        self.cache.sync(states)
-        matches = self.cache.match(rreq, states)
-        found = matches.get
-        cands = tuple([Candidate(s, found(s.id, NO_MATCH)) for s in states])
-        choice = self.policy.decide(rreq, cands)
+        cands, choice = self._decide(rreq, states)
         prompted = req.prompt is not None
         return self._open_ticket(rreq, choice.decision, cands, size, prompted, choice.chosen.terms)
+
+    def preview(self, req: PromptRequest, states: Sequence[ReplicaState]) -> Preview:
+        """What ``route`` would decide now, recording nothing (the admin route preview; comparing
+        gateways' views). Raises ``NoCandidates`` as ``route`` does."""
+        rreq, _ = self._prepare(req)
+        cands, choice = self._decide(rreq, states)
+        match = next(c.match for c in cands if c.state.id == choice.decision.replica)
+        return Preview(choice.decision, match, choice.chosen.terms, rreq.prompt_tokens)
+
+    def _decide(
+        self, rreq: RoutingRequest, states: Sequence[ReplicaState]
+    ) -> tuple[tuple[Candidate, ...], Choice]:
+        self.cache.sync(states)
+        found = self.cache.match(rreq, states).get
+        cands = tuple([Candidate(s, found(s.id, NO_MATCH)) for s in states])
+        return cands, self.policy.decide(rreq, cands)
 
     def place_warmup(
         self, req: PromptRequest, states: Sequence[ReplicaState], warmed: Mapping[ReplicaId, float]

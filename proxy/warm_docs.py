@@ -20,7 +20,8 @@ prompt), so a live request that starts with a warmed prefix matches it in the ca
 **Steps.** A long document is warmed in prefixes of at most ``step_tokens``: each step sends the
 document up to a cut and the engine computes only the part beyond the previous cut (the earlier part is
 cached), so a live request that arrives during a warm-up waits for one step at most, not for the whole
-document. Text is cut at byte positions of the estimate; messages cut the last message's string content.
+document. Text is cut at character positions of the estimate; messages cut the last message's string
+content. The worker (``proxy/warm_jobs.py``) picks each cut when it sends the step.
 
 Limits (each a 400 naming the field): at most ``MAX_DOCUMENTS`` documents, ``MAX_DOCUMENT_BYTES`` per
 document, ids of up to 128 characters, unique in the request. Documents are data, never URLs to fetch.
@@ -74,21 +75,25 @@ class Document:
 
     def whole(self) -> Step:
         """The one request that warms the whole document."""
-        return self.steps(0)[-1]
+        return self.step(self.cut_length())
 
-    def steps(self, step_bytes: int) -> list[Step]:
-        """The prefixes to send, shortest first; the last is the whole document."""
+    def cut_length(self) -> int:
+        """The length that steps cut (characters of the text, or of the last message's string content;
+        0 when that content is not a string: such a document is warmed in one step)."""
         if self.text is not None:
-            return [self._text_step(self.text[:cut]) for cut in _cuts(len(self.text), step_bytes)]
+            return len(self.text)
+        content = self.messages[-1].get("content")
+        return len(content) if isinstance(content, str) else 0
+
+    def step(self, cut: int) -> Step:
+        """The request that sends the document up to ``cut`` (``cut_length()``: all of it)."""
+        if self.text is not None:
+            return self._text_step(self.text[:cut])
         last = self.messages[-1]
         content = last.get("content")
         if not isinstance(content, str):
-            return [self._chat_step(self.messages)]
-        head = self.messages[:-1]
-        return [
-            self._chat_step((*head, {**last, "content": content[:cut]}))
-            for cut in _cuts(len(content), step_bytes)
-        ]
+            return self._chat_step(self.messages)
+        return self._chat_step((*self.messages[:-1], {**last, "content": content[:cut]}))
 
     def _text_step(self, text: str) -> Step:
         body: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": 0}}
@@ -112,12 +117,6 @@ class Document:
 
 def _with_model(parsed: ParsedRequest, model: str) -> Any:
     return dataclasses.replace(parsed.routing, model=model)
-
-
-def _cuts(length: int, step: int) -> list[int]:
-    if step <= 0 or length <= step:
-        return [length]
-    return [*range(step, length, step), length]
 
 
 @dataclass(frozen=True, slots=True)

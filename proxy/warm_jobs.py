@@ -5,14 +5,16 @@ replica: ``queued`` → ``warming`` → ``warm`` (or ``failed``); later ``cold``
 left every tier of that replica (evicted, or the replica restarted), then ``queued`` again while the
 job's ttl lasts (a re-warm), and ``expired`` after it. ``DELETE`` forgets a job and stops re-warming.
 
-**The worker yields to live traffic.** At most one warm-up step is in flight per replica, and a step
-starts only when the replica has no live prefill queued and none arrived in the last ``quiet_s``
-seconds; a step covers at most ``step_tokens`` new tokens (``proxy.warm_docs``). So a live request waits
-at most one step's prefill behind a warm-up (``live_step_tokens`` while live traffic flowed on that
-replica within ``window_s``, ``idle_step_tokens`` otherwise: a fleet with nothing else to do warms in
-big steps, at full prefill speed). Each step holds a load lease like any request, so live routing sees
-it as queued work, and its ticket records the prefix in the cache model (live requests that start with
-it route to it).
+**The worker yields to live traffic.** At most one warm-up step is in flight per replica, and every
+step (not only a document's first) starts only when the replica has no live prefill queued and none
+arrived in the last ``quiet_s`` seconds; each step is sized when it is sent (``proxy.warm_docs``): at
+most ``step_tokens`` new tokens while live requests arrive anywhere in the fleet (the load window's
+arrival rate), ``idle_step_tokens`` otherwise (a fleet with nothing else to do warms in big steps, at
+full prefill speed). So a live request waits at most one step's prefill behind a warm-up: the prefill
+of ``step_tokens`` while live traffic flows (1024 tokens: ~0.4 s at the seeds' 40K-in-15.4 s cold
+rate), of ``idle_step_tokens`` for the first live request after a quiet spell. Each step holds a load
+lease like any request, so live routing sees it as queued work, and its ticket records the prefix in
+the cache model (live requests that start with it route to it).
 
 Documents' text stays in this process's memory while their ttl lasts, for re-warming; it is never
 logged, put in ``/status`` or sent anywhere but to the replicas.
@@ -39,6 +41,8 @@ from routing.types import ReplicaId, Report, RoutingRequest
 log = logging.getLogger("kvroute.warmup")
 STEP_TIMEOUT_S = 600.0
 REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
+QUIET_POLL_S = 0.02  # how often a step waiting for a quiet replica looks again
+LIVE_RATE = 0.05  # live arrivals per second (smoothed) above which live traffic is flowing
 COLD_FRACTION = 0.5  # below this fraction of the document in the cache model, it is cold there
 CANCEL_NOTICE_S = 30.0  # how long a DELETE of another gateway's job is published
 NOT_DURABLE = (
@@ -199,25 +203,27 @@ class WarmJobs:
                 job.done.set()
 
     def _may_start(self, replica: ReplicaId, now: float) -> bool:
-        if replica in self._busy:
-            return False
+        return replica not in self._busy and self._is_quiet(replica, now)
+
+    def _is_quiet(self, replica: ReplicaId, now: float) -> bool:
+        """Healthy, no live prefill queued, and no live request arrived in the last ``quiet_s``."""
         r = self.gw.fleet.get(replica)
         if r is None or not r.healthy:
             return False
-        load = r.load
-        return not load.queue and now - load.last_live_s >= self.quiet_s
+        return not r.load.queue and now - r.load.last_live_s >= self.quiet_s
 
-    def _step_bytes(self, replica: ReplicaId) -> int:
-        r = self.gw.fleet.get(replica)
-        live = r is not None and r.load.arrivals.at(time.monotonic()) > 0.05  # live requests only
+    def _step_chars(self) -> int:
+        """``step_tokens`` while live requests arrive anywhere in the fleet (within the load window:
+        any replica may get the next one), else ``idle_step_tokens``; in characters of the estimate."""
+        now = time.monotonic()
+        live = any(r.load.arrivals.at(now) > LIVE_RATE for r in self.gw.fleet.replicas())
         tokens = self.step_tokens if live else self.idle_step_tokens
         return int(tokens * self.gw.router.tokens.bytes_per_token)
 
     async def _warm(self, job: Job, d: WarmDoc, p: Placement) -> None:
         started = time.monotonic()
         try:
-            for step in d.doc.steps(self._step_bytes(p.replica)):
-                await self._send(step, p.replica)
+            await self._steps(d.doc, p.replica)
             p.status, p.error, p.warmed_at = "warm", None, time.monotonic()
         except UpstreamError as e:
             p.status, p.error = "failed", e.message
@@ -226,6 +232,24 @@ class WarmJobs:
             p.seconds = time.monotonic() - started
             self._busy.discard(p.replica)
             self._wake.set()
+
+    async def _steps(self, doc: Document, replica: ReplicaId) -> None:
+        """Cut after cut: each step waits until the replica is quiet and is sized when it is sent."""
+        cut, length = 0, doc.cut_length()
+        while True:
+            await self._until_quiet(replica)
+            cut = min(length, cut + self._step_chars())
+            await self._send(doc.step(cut), replica)
+            if cut >= length:
+                return
+
+    async def _until_quiet(self, replica: ReplicaId) -> None:
+        """Polls until the replica is quiet; raises UpstreamError when it is gone or unhealthy."""
+        while not self._is_quiet(replica, time.monotonic()):
+            r = self.gw.fleet.get(replica)
+            if r is None or not r.healthy:
+                raise UpstreamError(f"replica {replica} left or became unhealthy during the warm-up")
+            await asyncio.sleep(QUIET_POLL_S)
 
     async def _send(self, step: Step, replica: ReplicaId) -> None:
         gw = self.gw

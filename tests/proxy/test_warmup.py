@@ -149,6 +149,32 @@ async def test_text_documents_warm_with_generate_and_in_steps(stack_factory: Sta
         assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] > 3000
 
 
+async def test_live_traffic_that_starts_mid_document_shrinks_the_remaining_steps(
+    stack_factory: StackFactory,
+) -> None:
+    """Each step is sized when it is sent: a document begun in big (idle) steps goes on in small ones
+    once live requests arrive, and no step is sent while a live prefill is queued."""
+    stack = await stack_factory(n=1, emu_flags=("--emu-time-scale", "0.2"))
+    jobs = stack.app[__import__("proxy.warm_api", fromlist=["WARMUPS"]).WARMUPS]
+    jobs.idle_step_tokens, jobs.step_tokens, jobs.quiet_s = 2500, 400, 0.05
+    text = document(11, words=8000)
+    body = {"model": MODEL, "documents": [{"id": "t", "text": text}], "wait": False}
+    status, job = await warm(stack.url, body)
+    assert status in (200, 202)
+    await wait_for(lambda: jobs.steps_sent >= 1, 10)  # the first, big step is done: now live traffic
+    live = orjson.dumps({"model": MODEL, "prompt": "a live question " * 40, "max_tokens": 2})
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            async with s.post(stack.url + "/v1/completions", data=live, headers=JSON) as r:
+                assert r.status == 200
+    await wait_for(
+        lambda: all(d.placements[0].status == "warm" for j in jobs.jobs.values() for d in j.docs), 30
+    )
+    steps = [e for e in await stack.replicas[0].requests("/generate")]
+    # idle throughout it would take ~4 steps of 2500 tokens; the steps after the live requests are small
+    assert len(steps) >= 8, len(steps)
+
+
 # an emulator stopped in the middle of the gateway's background scrape of its /metrics can leave that
 # one accepted socket to the garbage collector (aiohttp's runner cleanup racing an accept): test harness
 # only, the gateway's own connections are closed

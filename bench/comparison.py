@@ -7,6 +7,12 @@
 - `mean_ttft`, `hit_ratio` (sum cached_tokens / sum prompt_tokens) over the requests that succeeded;
   `stickiness`: the share of a session's later turns served where its previous turn was (agent: with
   several gateways, whether a session stays on its replica whichever gateway a turn goes through).
+- `one_view(previews)`: of the requests every gateway previewed (bench.gateway_pool's route previews: each
+  gateway asked, at the same moment just before the request was sent, where it would route it), the
+  share on which all of them named the same replica: whether several gateways decide as one gateway
+  would, free of the run-to-run noise that `agreement` between two separate runs carries;
+  `preview_held(previews, sends, records)`: the share of those requests served where the gateway that
+  took it had said (what changed in the moment between the preview and the real decision).
 - `restart_span(sends, gateway, n)`: the restarted gateway's first n requests after it came back (its
   `generation` 1), and the other gateways' requests sent over the same span (between the first and the
   last of those n, in the order the client sent them).
@@ -18,7 +24,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,6 +93,25 @@ def stickiness(records: Sequence[Record]) -> float:
             same += last[r.session] == r.replica
         last[r.session] = r.replica
     return same / total if total else NAN
+
+
+def one_view(previews: Mapping[int, Sequence[str]]) -> Agreement:
+    asked = [p for p in previews.values() if len(p) > 1 and all(p)]
+    return Agreement(len(asked), sum(1 for p in asked if len(set(p)) == 1))
+
+
+def preview_held(
+    previews: Mapping[int, Sequence[str]], sends: Sequence[Send], records: Sequence[Record]
+) -> Agreement:
+    """Requests served by the replica that their deciding gateway's preview named (previews are in the
+    order of the gateways that were up, so this assumes none was out of the rotation)."""
+    served = {r.index: r.replica for r in records if r.ok}
+    said = [
+        (previews[s.request][s.gateway], served[s.request])
+        for s in sends
+        if s.request in previews and s.request in served and s.gateway < len(previews[s.request])
+    ]
+    return Agreement(len(said), sum(1 for a, b in said if a == b))
 
 
 def ratio(a: float, b: float) -> float:

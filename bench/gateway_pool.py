@@ -15,6 +15,11 @@ again on the same port, is ready when its /status
 counts every replica healthy (the same check as at the start) and its /ready answers 200 (with
 ``--state``, once its start-up replay of the shared log is done), then its /status `state` section is read
 once (how many events it had replayed from Redis at that moment) and it rejoins the rotation.
+
+`preview` (a `bench.runner.Before`, with `previews=True`) asks EVERY gateway that is up, at the same
+moment and just before the request is sent, where it would route it (kvroute's `POST /admin/route/<path>`,
+which decides and records nothing; the gateways run with an admin key for it) and keeps the answers by
+request index in `previews` (one replica id per gateway asked; "" for a gateway that did not answer).
 """
 
 from __future__ import annotations
@@ -31,10 +36,13 @@ import aiohttp
 
 from bench.comparison import Send
 from bench.procs import ManagedProcess, free_ports
+from bench.runner import replica_id
 from bench.systems import kvroute, system_process
 from bench.workloads import TimedRequest
 
 DRAIN_S = 30.0  # SIGTERM, then SIGKILL after this (Kubernetes' default terminationGracePeriodSeconds)
+ADMIN_KEY = "bench-gateways"  # the route previews are an admin endpoint
+PREVIEW_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +64,7 @@ class GatewayPool:
 
     def __init__(self, n: int, backends: Sequence[str], logs: Path, state: StateStore | None = None) -> None:
         flags = ("--state", state.url, "--state-namespace", state.namespace) if state else ()
-        self._system = kvroute("cost", *flags)
+        self._system = kvroute("cost", *flags, "--admin-key", ADMIN_KEY)
         self._backends = list(backends)
         self._logs = logs
         self.ports = free_ports(n)
@@ -67,6 +75,7 @@ class GatewayPool:
         self._turn = 0
         self.sends: list[Send] = []
         self.restarts: list[Restart] = []
+        self.previews: dict[int, tuple[str, ...]] = {}
 
     def _process(self, i: int) -> ManagedProcess:
         log = self._logs / f"gateway-{i}.{self._generation[i]}.log"
@@ -100,6 +109,18 @@ class GatewayPool:
         self.sends.append(Send(req.index, i, self._generation[i]))
         return self.urls[i]
 
+    async def preview(
+        self, http: aiohttp.ClientSession, req: TimedRequest, body: bytes, sticky: bool
+    ) -> None:
+        """Every gateway that is up says where it would send `req` now (module docstring)."""
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN_KEY}"}
+        if sticky:
+            headers["x-session-id"] = req.session
+        urls = [u for u, up in zip(self.urls, self._up, strict=True) if up]
+        path = "/admin/route" + req.path  # e.g. /admin/route/v1/chat/completions
+        found = await asyncio.gather(*(_previewed(http, u + path, body, headers) for u in urls))
+        self.previews[req.index] = tuple(found)
+
     async def restart(self, i: int) -> Restart:
         """Gateway i out of the rotation, stopped, started again on its port, back in (docstring)."""
         t0 = time.monotonic()
@@ -115,6 +136,18 @@ class GatewayPool:
         done = Restart(i, stopped, time.monotonic() - t0, state)
         self.restarts.append(done)
         return done
+
+
+async def _previewed(http: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]) -> str:
+    """The replica a gateway's route preview names ("" when it did not answer)."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=PREVIEW_TIMEOUT_S)
+        async with http.post(url, data=body, headers=headers, timeout=timeout) as resp:
+            doc = await resp.json() if resp.status == 200 else {}
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return ""
+    replica = doc.get("replica") if isinstance(doc, dict) else None
+    return replica_id(replica) if isinstance(replica, str) else ""
 
 
 async def until_ready(url: str, within_s: float = 10.0) -> bool:

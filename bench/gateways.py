@@ -103,10 +103,17 @@ def longer_rag(prep: Prepared, count: int, quick: bool) -> Prepared:
 
 
 async def run_once(
-    ctx: Context, prep: Prepared, ports: list[int], label: str, n: int, restart_after_s: float | None = None
+    ctx: Context,
+    prep: Prepared,
+    ports: list[int],
+    label: str,
+    n: int,
+    restart_after_s: float | None = None,
+    previews: bool = False,
 ) -> Run:
     """One configuration on a fresh fleet at `ports`: n gateways (shared state when n > 1), the replay,
-    and with `restart_after_s` gateway RESTARTED restarted that many wall seconds into it."""
+    with `restart_after_s` gateway RESTARTED restarted that many wall seconds into it, and with
+    `previews` every gateway's route preview of each request just before it is sent."""
     logs = ctx.logs / f"{prep.workload.name}-{label.replace(' ', '-')}"
     state = StateStore(ctx.redis_url, f"bench-{uuid.uuid4().hex[:12]}") if n > 1 else None
     progress = Progress(f"{prep.workload.name:<6} {label}", len(prep.workload.requests))
@@ -119,11 +126,13 @@ async def run_once(
         if restart_after_s is not None:
             restarting = asyncio.create_task(_restart_later(pool, restart_after_s))
         scale, deadline = prep.fleet.time_scale, prep.deadline_s
-        records = await replay(prep.workload, pool.choose, scale, deadline, progress, model)
+        before = pool.preview if previews else None
+        records = await replay(prep.workload, pool.choose, scale, deadline, progress, model, before=before)
         error = await restarting if restarting is not None else ""
     progress.close(f"restart: {error}" if error else "")
     cpu = meter.stop().foreign_cores
-    return Run(label, n, records, time.monotonic() - t0, cpu, pool.sends, pool.restarts, error)
+    wall = time.monotonic() - t0
+    return Run(label, n, records, wall, cpu, pool.sends, pool.restarts, error, pool.previews)
 
 
 async def _restart_later(pool: GatewayPool, delay_s: float) -> str:
@@ -143,6 +152,7 @@ async def agreement_runs(ctx: Context, name: str) -> tuple[Prepared, list[Run]]:
     runs = [await run_once(ctx, prep, ports, "single", 1)]
     runs.append(await run_once(ctx, prep, ports, "three", GATEWAYS))
     runs.append(await run_once(ctx, prep, ports, "single again", 1))
+    runs.append(await run_once(ctx, prep, ports, "three, previewed", GATEWAYS, previews=True))
     return prep, runs
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +33,8 @@ from bench.progress import Progress
 from bench.workloads import TimedRequest, Workload
 
 Chooser = Callable[[TimedRequest], str]
+# awaited before a request is sent: (client session, request, body as sent, whether sessions are sticky)
+Before = Callable[[aiohttp.ClientSession, TimedRequest, bytes, bool], Awaitable[None]]
 CLIENT_CAP = 1024
 
 
@@ -183,7 +185,8 @@ def _failed(req: TimedRequest, error: str, due_s: float = 0.0) -> Record:
 
 
 class Replay:
-    """One replay of a workload against a chooser of base URLs."""
+    """One replay of a workload against a chooser of base URLs; `before(session, req, body, headers)`,
+    when given, is awaited just before each request is sent (bench.gateway_pool's route previews)."""
 
     def __init__(
         self,
@@ -194,10 +197,12 @@ class Replay:
         progress: Progress,
         model: str | None,
         cap: int = CLIENT_CAP,
+        before: Before | None = None,
     ) -> None:
         self._w = workload
         self._model = model
         self._choose = choose
+        self._before = before
         self._scale = scale
         self._deadline = deadline_s
         self._progress = progress
@@ -235,6 +240,8 @@ class Replay:
             capped = self._sem.locked()
             async with self._sem:
                 stage = "timeout"
+                if self._before is not None:
+                    await self._before(session, req, stream_body(req, self._model), self._w.sessions)
                 rec = await send_one(
                     session, self._choose(req), req, self._scale, self._t0, self._w.sessions, self._model, due
                 )
@@ -257,12 +264,13 @@ async def replay(
     model: str | None = None,
     request_timeout_s: float = 600.0,
     cap: int = CLIENT_CAP,
+    before: Before | None = None,
 ) -> list[Record]:
     """Replay `workload`; `choose(req)` gives the base URL (a proxy's, or a replica's for client-side RR)."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        return await Replay(workload, choose, scale, deadline_s, progress, model, cap).run(session)
+        return await Replay(workload, choose, scale, deadline_s, progress, model, cap, before).run(session)
 
 
 def rotating(urls: Sequence[str]) -> Chooser:

@@ -87,3 +87,18 @@ def test_stickiness_counts_later_turns_served_where_the_previous_turn_of_their_s
     ]
     assert cmp.stickiness(records) == 1 / 3  # x: a -> a (same), a -> b (moved); y: a -> b (moved)
     assert math.isnan(cmp.stickiness([rec(0, "a", session="p"), rec(1, "a", session="q")]))
+
+
+def test_one_view_counts_requests_every_gateway_previewed_and_all_named_alike() -> None:
+    previews = {0: ("a", "a", "a"), 1: ("a", "b", "a"), 2: ("b", "", "b"), 3: ("c",), 4: ("c", "c", "c")}
+    got = cmp.one_view(previews)  # 2 had a gateway that did not answer, 3 only one gateway asked
+    assert (got.matched, got.same) == (3, 2)
+    assert math.isnan(cmp.one_view({}).share)
+
+
+def test_preview_held_compares_the_deciding_gateways_preview_with_the_serving_replica() -> None:
+    previews = {0: ("a", "b"), 1: ("a", "b"), 2: ("a", "a")}
+    sends = [cmp.Send(0, 1, 0), cmp.Send(1, 0, 0), cmp.Send(2, 1, 0)]
+    records = [rec(0, "b"), rec(1, "b"), rec(2, "a", ttft=None)]  # 2 failed: left out
+    got = cmp.preview_held(previews, sends, records)
+    assert (got.matched, got.same) == (2, 1)  # 0: #1 said b, served on b; 1: #0 said a, served on b

@@ -8,10 +8,12 @@ import uuid
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 
 from bench.fleet import EmulatorFleet
 from bench.gateway_pool import GatewayPool, StateStore
+from bench.runner import replica_id
 from bench.workloads import CHAT, TimedRequest
 from tests.redis_server import RedisServer
 
@@ -39,6 +41,10 @@ async def test_a_restarted_gateway_comes_back_on_its_port_with_the_shared_view(t
         ):
             first = [await ask(pool.choose(request(i)), request(i)) for i in range(4)]
             await asyncio.sleep(0.3)  # a few sync rounds
+            async with aiohttp.ClientSession() as http:
+                for i in (0, 1):  # a repeat: both gateways name its holder
+                    await pool.preview(http, request(i), orjson.dumps(request(i).body), False)
+            assert pool.previews == {i: (replica_id(first[i]),) * 2 for i in (0, 1)}
             port = pool.ports[1]
             restarting = asyncio.create_task(pool.restart(1))
             await asyncio.sleep(0.2)  # #1 is stopping or starting: its turns go to #0

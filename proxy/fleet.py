@@ -107,20 +107,27 @@ class Replica:
         }
 
 
+def _nothing() -> None:
+    pass
+
+
 class Lease:
-    """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent."""
+    """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent. Every
+    change calls ``changed`` (the shared-state publisher's kick, ``proxy/state_sync.py``)."""
 
-    __slots__ = ("replica", "work")
+    __slots__ = ("changed", "replica", "work")
 
-    def __init__(self, replica: Replica, work: Work) -> None:
-        self.replica, self.work = replica, work
+    def __init__(self, replica: Replica, work: Work, changed: Callable[[], None] = _nothing) -> None:
+        self.replica, self.work, self.changed = replica, work, changed
         replica.load.add(work)
 
     def first_token(self) -> None:
         self.replica.load.first_token(self.work, time.monotonic())
+        self.changed()
 
     def release(self) -> None:
         self.replica.load.release(self.work, time.monotonic())
+        self.changed()
 
 
 class Fleet:
@@ -138,6 +145,7 @@ class Fleet:
         self._health = HealthLog(health_interval)
         self._checks = 0
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
+        self.load_changed: Callable[[], None] = _nothing  # called when a lease's load changes
         for url in urls:
             self.add(url)
 
@@ -183,7 +191,7 @@ class Fleet:
         return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
 
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
-        return Lease(self._replicas[replica_id], work)
+        return Lease(self._replicas[replica_id], work, self.load_changed)
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)

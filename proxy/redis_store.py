@@ -1,10 +1,13 @@
 """The Redis implementation of ``proxy.state_store.StateStore`` (layout in that module's docstring).
 
-One client (redis-py's asyncio ``Redis``, ``RedisCluster`` or a Sentinel master), short timeouts: a
-slow or absent Redis must fail a sync round quickly, never a request (the sync task runs beside the
-request path and keeps the last known view). Writes are pipelined: a publish is one round trip (XADD
-with MAXLEN ~ and EXPIRE, a SET PX per document, ZADD of the gateway's heartbeat, a trim of gateways
-silent for GATEWAY_TTL_S, EXPIRE); a gather is two (ZRANGEBYSCORE, then one MGET).
+One client (redis-py's asyncio ``Redis``, ``RedisCluster`` or a Sentinel master), short timeouts: a slow or
+absent Redis must fail a sync round quickly, never a request (the sync task runs beside the request path and
+keeps the last known view). Writes are pipelined: a publish is one round trip (XADD with MAXLEN ~ and EXPIRE,
+a SET PX per document, ZADD of the gateway's heartbeat, a trim of gateways silent for GATEWAY_TTL_S, EXPIRE,
+and in a round without events, a pulse: XADD to the short stream ``kvroute:{NS}:pulse``); a gather is two
+(ZRANGEBYSCORE, then one MGET). A read blocks on the log and the pulse stream in one XREAD, so a round of
+another gateway that changed only its documents (a request's first token, its end) wakes this gateway's reader
+at once, which then gathers them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from routing.sharing import Event
 
 TIMEOUT_S = 1.0
 READ_COUNT = 2000  # batches per read
+PULSE_MAX = 256  # pulses kept: one per publishing round, only to wake the other gateways' readers
 
 
 def connect(url: str) -> Any:
@@ -52,10 +56,19 @@ class RedisStore:
         self.log_key = f"kvroute:{tag}:events"
         self.gateways_key = f"kvroute:{tag}:gateways"
         self._doc_prefix = f"kvroute:{tag}:doc:"
+        self.pulse_key = f"kvroute:{tag}:pulse"
+        self._pulse_at = "0-0"  # the pulses read so far
+        self._me = ""  # the gateway that publishes through this store (its own pulses are skipped)
 
-    async def publish(self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc]) -> None:
+    async def publish(
+        self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc], pulse: bool = True
+    ) -> None:
         now = time.time()
+        self._me = gateway
         pipe = self._client.pipeline(transaction=False)
+        if pulse and not events:  # events wake the readers themselves
+            pipe.xadd(self.pulse_key, {"g": gateway}, maxlen=PULSE_MAX, approximate=True)
+            pipe.expire(self.pulse_key, LOG_TTL_S)
         if events:
             entry = {"g": gateway, "p": encode(Batch(gateway, tuple(events)))}
             pipe.xadd(self.log_key, entry, maxlen=LOG_MAX, approximate=True)
@@ -68,16 +81,27 @@ class RedisStore:
         await pipe.execute()
 
     async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
-        # XREAD BLOCK in ms (0 would be forever), within the socket time-out
-        block = max(1, int(min(block_s, TIMEOUT_S / 2) * 1000)) if block_s > 0 else None
-        found = await self._client.xread({self.log_key: since}, count=READ_COUNT, block=block)
-        out: list[tuple[str, Batch]] = []
-        last = since
-        for _key, entries in found or ():
-            for entry_id, fields in entries:
-                last = _text(entry_id)
-                out.append((last, decode(fields[b"p"] if b"p" in fields else fields["p"])))
-        return out, last
+        """Blocks on the log and the pulse stream at once: returns early, with no batch, when another
+        gateway published a round without events (its documents changed); this gateway's own pulses
+        do not end the wait."""
+        deadline = time.monotonic() + min(block_s, TIMEOUT_S / 2)
+        while True:
+            # XREAD BLOCK in ms (0 would be forever), within the socket time-out
+            left = deadline - time.monotonic()
+            block = max(1, int(left * 1000)) if block_s > 0 else None
+            streams = {self.log_key: since, self.pulse_key: self._pulse_at}
+            found = dict(await self._client.xread(streams, count=READ_COUNT, block=block) or ())
+            out = [
+                (_text(i), decode(f[b"p"] if b"p" in f else f["p"])) for i, f in _entries(found, self.log_key)
+            ]
+            if out or self._pulsed(_entries(found, self.pulse_key)) or block is None or left <= 0.001:
+                return out, out[-1][0] if out else since
+
+    def _pulsed(self, entries: list[tuple[Any, Any]]) -> bool:
+        """Moves the pulse position past ``entries``; whether one of them is another gateway's."""
+        if entries:
+            self._pulse_at = _text(entries[-1][0])
+        return any(_text(f.get(b"g", f.get("g", b""))) != self._me for _, f in entries)
 
     async def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
         alive = await self._client.zrangebyscore(self.gateways_key, time.time() - GATEWAY_TTL_S, "+inf")
@@ -101,6 +125,11 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _entries(found: dict[Any, Any], key: str) -> list[tuple[Any, Any]]:
+    """The entries XREAD returned for one stream (keys come back as bytes or str)."""
+    return list(found.get(key.encode(), found.get(key, ())))
 
 
 def _text(value: bytes | str) -> str:

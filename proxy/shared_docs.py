@@ -8,7 +8,7 @@ kind (``adopt``: gateway -> decoded JSON). Three parts:
   tokens and seconds, arrival rate and busy fraction; adopted as ``Replica.remote``, which every
   snapshot adds to the local load (``proxy.load.combined``), so gateways do not all pick the same idle
   replica at once;
-- ``RatesPart`` (every second, ttl 30 s): the rates this gateway learned itself
+- ``RatesPart`` (every round, ttl 30 s): the rates this gateway learned itself
   (``RateBook.export``); adopted with ``RateBook.adopt`` (pooled by samples);
 - the warm-up registry (``proxy/warm_api.py`` adds it: ``WarmupsPart``).
 """
@@ -68,7 +68,7 @@ class LoadPart:
 
 
 class RatesPart:
-    kind, every_s, ttl_s = "rates", 1.0, 30.0
+    kind, every_s, ttl_s = "rates", 0.0, 30.0
 
     def __init__(self, rates: RateBook) -> None:
         self.rates = rates

@@ -13,9 +13,11 @@ counts, session keys are hashes, replica ids are URLs, warm-up jobs are ids, cou
   ``redis+sentinel://HOST:PORT[,HOST:PORT]/SERVICE[/DB]``, through redis-py's asyncio client): the log is
   a stream ``kvroute:{NS}:events`` (``XADD ... MAXLEN ~ LOG_MAX``, entries ``{g: gateway, p: payload}``),
   each document a string ``kvroute:{NS}:doc:{KIND}:{GATEWAY}`` (``SET ... PX``: its ttl), the gateways
-  listed in the sorted set ``kvroute:{NS}:gateways`` (score: last publish time). Every key expires (the
-  log and the set after ``LOG_TTL_S`` of silence, documents after their ttl); the ``{NS}`` hash tag keeps
-  them in one cluster slot.
+  listed in the sorted set ``kvroute:{NS}:gateways`` (score: last publish time), and a short stream
+  ``kvroute:{NS}:pulse`` (``MAXLEN ~ 256``, entries ``{g: gateway}``) gets one entry per publishing round:
+  a read blocks on it beside the log, so a round that changed only documents wakes the others. Every
+  key expires (the log, the pulses and the set after ``LOG_TTL_S`` of silence, documents after their
+  ttl); the ``{NS}`` hash tag keeps them in one cluster slot.
 
 Payloads are JSON; block hashes are packed little-endian uint64 in base64.
 """
@@ -59,7 +61,12 @@ class StateStore(Protocol):
 
     name: str
 
-    async def publish(self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc]) -> None: ...
+    async def publish(
+        self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc], pulse: bool = True
+    ) -> None:
+        """Appends the events (if any), renews the documents; ``pulse``: wakes the others' reads even
+        without events (their documents changed)."""
+        ...
 
     async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
         """Batches after position ``since`` ("0": from the start), and the new position; with ``block_s``
@@ -121,7 +128,9 @@ class MemoryStore:
     trimmed: int = 0  # batches dropped from the front (positions stay absolute)
     docs: dict[tuple[str, str], tuple[float, bytes]] = field(default_factory=dict)  # expiry, JSON
 
-    async def publish(self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc]) -> None:
+    async def publish(
+        self, gateway: str, events: Sequence[Event], docs: Mapping[str, Doc], pulse: bool = True
+    ) -> None:
         if events:
             self.log.append(encode(Batch(gateway, tuple(events))))
             excess = max(0, len(self.log) - LOG_MAX)

@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from bench.procs import free_ports
+from proxy.context import GATEWAY
 from proxy.state_store import MemoryStore
 from proxy.state_sync import STATE_SYNC
 from tests.conftest import Gw, StartGateway
@@ -317,4 +318,34 @@ async def test_routed_requests_reach_the_others_without_waiting_for_a_round(
         t0 = time.monotonic()
         await wait_for(lambda: b.app[STATE_SYNC].stats.applied_events > seen, 5)
         assert time.monotonic() - t0 < 2.0
+        # a's load on the holder came with its event; its end (a kicked round, no event) within a read
+        await wait_for(lambda: _remote_requests(b, holder) == 0, 2)
         assert (await ask(b.url, 1, s))[0] == holder
+
+
+def _remote_requests(gw: Gw, replica: str) -> int:
+    """In-flight requests other gateways report on ``replica``, as ``gw`` sees them."""
+    r = gw.app[GATEWAY].fleet.get(replica)
+    return r.remote.inflight_requests if r is not None and r.remote is not None else 0
+
+
+async def test_another_gateways_round_without_events_ends_a_blocking_read(redis_server: RedisServer) -> None:
+    """A round that only renews documents (a first token, a finished request) is a pulse: it wakes the
+    other gateways' blocking reads, so they gather the change now; a gateway's own pulses do not."""
+    from proxy.redis_store import RedisStore
+    from proxy.state_store import Doc
+
+    a, b = RedisStore(redis_server.url, "pulse"), RedisStore(redis_server.url, "pulse")
+    doc = {"load": Doc(orjson.dumps({"r": [0, 0, 0.0, 0.1, 0.2]}), 5.0)}
+    try:
+        await b.publish("b", [], doc)
+        t0 = time.monotonic()
+        assert await b.read("0", block_s=0.4) == ([], "0")  # only its own pulse: waits it out
+        assert time.monotonic() - t0 >= 0.35
+        await a.publish("a", [], doc)
+        t0 = time.monotonic()
+        assert await b.read("0", block_s=0.45) == ([], "0")  # a's pulse: returns at once
+        assert time.monotonic() - t0 < 0.3
+    finally:
+        await a.close()
+        await b.close()

@@ -68,6 +68,13 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
         "exact-response cache of deterministic requests: off, memory, or redis://HOST:PORT/DB",
     ),
     ("--response-cache-ttl", "S", "seconds a cached answer is kept"),
+    (
+        "--warmup-quiet",
+        "S",
+        "a warm-up step starts only after this long without a live request on its replica",
+    ),
+    ("--warmup-step", "S", "seconds of predicted prefill per warm-up step while live requests arrive"),
+    ("--warmup-idle-step", "S", "seconds of predicted prefill per warm-up step while none do"),
     ("--response-cache-max-bytes", "BYTES", "memory: bytes of all cached answers; the largest one stored"),
     ("--response-cache-max-entries", "N", "memory: answers kept (least recently used evicted)"),
 )

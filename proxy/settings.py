@@ -70,6 +70,9 @@ class Settings:
     response_cache_ttl: float = 600.0  # seconds an answer is kept from its write
     response_cache_max_bytes: int = 256 * MiB  # memory: all answers; both: the largest one stored
     response_cache_max_entries: int = 50_000  # memory: answers kept
+    warmup_quiet: float = 1.0  # a warm-up step waits for this long without a live request on its replica
+    warmup_step: float = 0.15  # seconds of predicted prefill per warm-up step while live traffic flows
+    warmup_idle_step: float = 0.5  # and while none does
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -224,6 +227,9 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "response_cache_ttl": _float(0.0),
     "response_cache_max_bytes": _int(1, 1 << 40),
     "response_cache_max_entries": _int(1, 1 << 31),
+    "warmup_quiet": _float(0.0),
+    "warmup_step": _float(0.0),
+    "warmup_idle_step": _float(0.0),
 }
 
 

@@ -5,16 +5,18 @@ replica: ``queued`` → ``warming`` → ``warm`` (or ``failed``); later ``cold``
 left every tier of that replica (evicted, or the replica restarted), then ``queued`` again while the
 job's ttl lasts (a re-warm), and ``expired`` after it. ``DELETE`` forgets a job and stops re-warming.
 
-**The worker yields to live traffic.** At most one warm-up step is in flight per replica, and every
-step (not only a document's first) starts only when the replica has no live prefill queued and none
-arrived in the last ``quiet_s`` seconds; each step is sized when it is sent (``proxy.warm_docs``): at
-most ``step_tokens`` new tokens while live requests arrive anywhere in the fleet (the load window's
-arrival rate), ``idle_step_tokens`` otherwise (a fleet with nothing else to do warms in big steps, at
-full prefill speed). So a live request waits at most one step's prefill behind a warm-up: the prefill
-of ``step_tokens`` while live traffic flows (1024 tokens: ~0.4 s at the seeds' 40K-in-15.4 s cold
-rate), of ``idle_step_tokens`` for the first live request after a quiet spell. Each step holds a load
-lease like any request, so live routing sees it as queued work, and its ticket records the prefix in
-the cache model (live requests that start with it route to it).
+**The worker yields to live traffic.** At most one warm-up step is in flight per replica, and every step
+(not only a document's first) starts only when the replica has no live prefill queued and none arrived
+in the last ``quiet_s`` seconds (``--warmup-quiet``, 1 s); each step is sized when it is sent
+(``proxy.warm_docs``), in time as well as tokens: while live requests arrive anywhere in the fleet (the
+load window's arrival rate) at most ``step_s`` (``--warmup-step``, 0.15 s) of predicted prefill on that
+replica (its learned prefill rate) and ``step_tokens`` (1024), otherwise ``idle_step_s``
+(``--warmup-idle-step``, 0.5 s) and ``idle_step_tokens`` (8192): a fleet with nothing else to do warms
+in steps long enough that their fixed cost is small. So a live request waits at most one step's prefill
+behind a warm-up: ~0.15 s while live traffic flows, ~0.5 s for the first live request after a quiet
+spell (a token-only bound would be worth seconds on a slow replica). Each step holds a load lease like
+any request, so live routing sees it as queued work, and its ticket records the prefix in the cache
+model (live requests that start with it route to it).
 
 Documents' text stays in this process's memory while their ttl lasts, for re-warming; it is never
 logged, put in ``/status`` or sent anywhere but to the replicas.
@@ -41,6 +43,9 @@ from routing.types import ReplicaId, Report, RoutingRequest
 log = logging.getLogger("kvroute.warmup")
 STEP_TIMEOUT_S = 600.0
 REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
+STEP_TOKENS = 1024  # a step's token bound while live requests arrive (its time bound: --warmup-step)
+IDLE_STEP_TOKENS = 8192  # and while none do (--warmup-idle-step)
+MIN_STEP_TOKENS = 256
 QUIET_POLL_S = 0.02  # how often a step waiting for a quiet replica looks again
 LIVE_RATE = 0.05  # live arrivals per second (smoothed) above which live traffic is flowing
 COLD_FRACTION = 0.5  # below this fraction of the document in the cache model, it is cold there
@@ -88,12 +93,13 @@ class Job:
 class WarmJobs:
     """The registry and the worker (one per gateway; started by a cleanup_ctx in proxy/server.py)."""
 
-    def __init__(
-        self, gw: Gateway, *, step_tokens: int = 1024, idle_step_tokens: int = 8192, quiet_s: float = 1.0
-    ) -> None:
+    def __init__(self, gw: Gateway) -> None:
         self.gw = gw
         self.jobs: dict[str, Job] = {}
-        self.step_tokens, self.idle_step_tokens, self.quiet_s = step_tokens, idle_step_tokens, quiet_s
+        st = gw.settings
+        self.step_tokens, self.step_s = STEP_TOKENS, st.warmup_step
+        self.idle_step_tokens, self.idle_step_s = IDLE_STEP_TOKENS, st.warmup_idle_step
+        self.quiet_s = st.warmup_quiet
         self._busy: set[ReplicaId] = set()
         self._wake = asyncio.Event()
         self.steps_sent = 0
@@ -212,12 +218,16 @@ class WarmJobs:
             return False
         return not r.load.queue and now - r.load.last_live_s >= self.quiet_s
 
-    def _step_chars(self) -> int:
-        """``step_tokens`` while live requests arrive anywhere in the fleet (within the load window:
-        any replica may get the next one), else ``idle_step_tokens``; in characters of the estimate."""
+    def _step_chars(self, replica: ReplicaId) -> int:
+        """While live requests arrive anywhere in the fleet (within the load window: any replica may
+        get the next one) ``step_tokens`` and ``step_s`` of predicted prefill, whichever is smaller;
+        else ``idle_step_tokens`` and ``idle_step_s``; in characters of the estimate."""
         now = time.monotonic()
         live = any(r.load.arrivals.at(now) > LIVE_RATE for r in self.gw.fleet.replicas())
-        tokens = self.step_tokens if live else self.idle_step_tokens
+        cap, seconds = (self.step_tokens, self.step_s) if live else (self.idle_step_tokens, self.idle_step_s)
+        tokens = min(
+            cap, max(MIN_STEP_TOKENS, seconds * self.gw.router.rates.get(replica).prefill_tokens_per_s)
+        )
         return int(tokens * self.gw.router.tokens.bytes_per_token)
 
     async def _warm(self, job: Job, d: WarmDoc, p: Placement) -> None:
@@ -238,7 +248,7 @@ class WarmJobs:
         cut, length = 0, doc.cut_length()
         while True:
             await self._until_quiet(replica)
-            cut = min(length, cut + self._step_chars())
+            cut = min(length, cut + self._step_chars(replica))
             await self._send(doc.step(cut), replica)
             if cut >= length:
                 return

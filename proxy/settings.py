@@ -70,9 +70,20 @@ class Settings:
     response_cache_ttl: float = 600.0  # seconds an answer is kept from its write
     response_cache_max_bytes: int = 256 * MiB  # memory: all answers; both: the largest one stored
     response_cache_max_entries: int = 50_000  # memory: answers kept
+    drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish (proxy/drain.py)
+    max_waiting_per_replica: int = 0  # sent, no first byte yet; 0 = the replica's max_running_requests
+    max_inflight: int = 4096  # requests in progress in this gateway (proxy/admission.py)
+    api_keys: str | None = None  # client keys: a file, or inline JSON (proxy/api_keys.py)
+    max_messages: int = 4096  # chat messages per request (proxy/input_limits.py)
+    max_field_bytes: int = 8 * MiB  # any one string in a request body
+    max_json_depth: int = 64  # nesting of objects and arrays in a request body
+    tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
+    tls_key: str | None = None  # its PEM private key
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("settings 'tls_cert' and 'tls_key' go together: give both or neither")
         if (self.routing.policy, self.routing.seed) != (self.policy, self.seed):
             object.__setattr__(
                 self, "routing", dataclasses.replace(self.routing, policy=self.policy, seed=self.seed)
@@ -224,6 +235,15 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "response_cache_ttl": _float(0.0),
     "response_cache_max_bytes": _int(1, 1 << 40),
     "response_cache_max_entries": _int(1, 1 << 31),
+    "drain_timeout": _float(0.0),
+    "max_waiting_per_replica": _int(0, 1 << 31),
+    "max_inflight": _int(1, 1 << 31),
+    "api_keys": _str,
+    "max_messages": _int(1, 1 << 31),
+    "max_field_bytes": _int(1, 1 << 40),
+    "max_json_depth": _int(2, 1000),
+    "tls_cert": _str,
+    "tls_key": _str,
 }
 
 

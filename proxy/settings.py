@@ -12,7 +12,7 @@ TOML table ``[routing]`` sets fields of ``routing.config.RoutingConfig``. The fl
 live in ``proxy/flags.py``.
 
 Values are validated with messages that name the key and where it came from; ``redacted()`` gives the
-summary that is logged once (the admin key is never printed).
+summary that is logged once (the admin key and inline API keys are never printed).
 """
 
 from __future__ import annotations
@@ -96,6 +96,8 @@ class Settings:
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
         out["admin_key"] = "***" if self.admin_key else None
+        inline = self.api_keys is not None and self.api_keys.lstrip()[:1] in ("[", "{")
+        out["api_keys"] = "***" if inline else self.api_keys
         out["state"] = redacted_url(self.state) if self.state else None
         out["response_cache"] = redacted_url(self.response_cache)
         out["routing"] = dataclasses.asdict(self.routing)

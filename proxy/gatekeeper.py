@@ -9,7 +9,9 @@ stays answerable while draining). For each one, in order:
 2. admission (``proxy/admission.py``): 503 while draining, 429 past ``max_inflight``; the request counts
    as in progress until its handler returns (a stream, until its last byte).
 
-Admin endpoints keep the admin key (``proxy/admin.py``); ``/health``, ``/ready``, ``/status`` and
+Admin endpoints keep the admin key (``proxy/admin.py``), ``/v1/warmup`` included (it passes here
+untouched: warm-ups are placed without a tenant, so tenants' requests do not match warmed documents);
+``/health``, ``/ready``, ``/status`` and
 ``/metrics`` pass untouched.
 """
 
@@ -23,8 +25,12 @@ from proxy.errors import RateLimited, Unauthorized
 from proxy.handlers import Handler
 from proxy.tenancy import CLIENT_KEY
 
+ADMIN_PATHS = ("/v1/warmup",)  # under /v1/ but behind the admin key (proxy/warm_api.py)
+
 
 def is_client_api(path: str) -> bool:
+    if path.startswith(ADMIN_PATHS):
+        return False
     return path.startswith("/v1/") or path == "/generate"
 
 

@@ -75,6 +75,8 @@ async def test_a_known_key_is_needed_on_the_client_api_only(
             assert r.status == 401  # a client key is not the admin key
         async with s.get(stack.url + "/admin/replicas", headers=ADMIN) as r:
             assert r.status == 200
+        async with s.get(stack.url + "/v1/warmup", headers=ADMIN) as r:
+            assert r.status == 200  # an admin API under /v1/: the admin key, not a client key
     assert 'kvroute_rejections_total{reason="unauthorized"} 4' in stack.metrics()
 
 

@@ -111,24 +111,28 @@ def _json_entries(text: str, source: str) -> list[tuple[object, str]]:
         raise ApiKeysError(f"{source}: not JSON lines or a JSON array (line {e.lineno})") from None
 
 
+def _inline(value: str) -> bool:
+    return value.lstrip()[:1] in ("[", "{")
+
+
+def _file_entries(path: str) -> list[tuple[object, str]]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ApiKeysError(f"cannot read {path}: {e.strerror or e}") from None
+    if not path.endswith(".toml"):
+        return _json_entries(text, path)
+    try:
+        tables = tomllib.loads(text).get("key", [])
+    except tomllib.TOMLDecodeError as e:
+        raise ApiKeysError(f"{path}: {e}") from None
+    return [(d, f"{path} [[key]] {i}") for i, d in enumerate(tables)]
+
+
 def load_keys(value: str) -> KeyRing:
     """The keys of the ``api_keys`` setting (a path, or inline JSON); raises ApiKeysError."""
-    if value.lstrip()[:1] in ("[", "{"):
-        entries = _json_entries(value, "inline api_keys")
-    else:
-        try:
-            text = Path(value).read_text()
-        except OSError as e:
-            raise ApiKeysError(f"cannot read {value}: {e.strerror or e}") from None
-        if value.endswith(".toml"):
-            try:
-                tables = tomllib.loads(text).get("key", [])
-            except tomllib.TOMLDecodeError as e:
-                raise ApiKeysError(f"{value}: {e}") from None
-            entries = [(d, f"{value} [[key]] {i}") for i, d in enumerate(tables)]
-        else:
-            entries = _json_entries(text, value)
+    entries = _json_entries(value, "inline api_keys") if _inline(value) else _file_entries(value)
     keys = [_entry(doc, where) for doc, where in entries]
     if not keys:
-        raise ApiKeysError(f"{'inline api_keys' if value.lstrip()[:1] in '[{' else value}: no keys")
+        raise ApiKeysError(f"{'inline api_keys' if _inline(value) else value}: no keys")
     return KeyRing(keys)

@@ -41,7 +41,7 @@ async def drain(app: web.Application, signals: Signals, timeout_s: float) -> int
     """Drains after the first signal (already received); the exit status."""
     admission = app[GATEWAY].admission
     admission.draining = True
-    log.info("draining: %d requests in progress, up to %.0f s", admission.inflight, timeout_s)
+    log.info("draining: %d requests in progress, up to %g s", admission.inflight, timeout_s)
     idle = asyncio.ensure_future(admission.idle.wait())
     again = asyncio.ensure_future(signals.next())
     done, pending = await asyncio.wait({idle, again}, timeout=timeout_s, return_when="FIRST_COMPLETED")

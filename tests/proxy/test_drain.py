@@ -81,3 +81,17 @@ async def test_a_second_sigterm_stops_at_once(emulator_server: Emulators, tmp_pa
         body = await task
         assert b"[DONE]" not in body
         assert "second signal" in gw.log.read_text()
+
+
+async def test_the_drain_is_bounded_by_its_timeout(emulator_server: Emulators, tmp_path: Path) -> None:
+    emu = await emulator_server(*EMU)
+    flags = ("--backend", emu.url, "--drain-timeout", "0.5", "--health-interval", "0.2")
+    async with (
+        gateway_process(tmp_path / "gw.log", *flags) as gw,
+        aiohttp.ClientSession(timeout=TIMEOUT) as s,
+    ):
+        task = await _start(s, gw, tokens=20_000)  # ~50 s
+        gw.signal(signal.SIGTERM)
+        assert await gw.exit_status(10) == 0
+        assert b"[DONE]" not in await task
+        assert "drain timeout: stopping with 1 requests in progress" in gw.log.read_text()

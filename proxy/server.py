@@ -4,9 +4,11 @@
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
 with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
-API and the operational endpoints (``proxy/operations.py``). Serve it with ``proxy.serving.runner``
+API and the operational endpoints (``proxy/operations.py``); two middlewares, the errors one outside
+and ``proxy/gatekeeper.py`` (client API keys, admission) inside. Serve it with ``proxy.serving.runner``
 (``main`` does, and the tests): handler cancellation, so a client that disconnects cancels its handler at
-once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP.
+once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP. ``main`` returns
+``serve``'s exit status (0 after a drain, 1 when a second signal cut it short).
 """
 
 from __future__ import annotations

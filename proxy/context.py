@@ -2,8 +2,11 @@
 
 ``Gateway`` owns no sockets itself: the ClientSession, the health poller and background tasks are
 created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. It holds the fleet, the
-upstream client, the metrics and the ``routing.router.Router``, the one door into routing: ``route``
-turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503), counting the decision.
+upstream client, the metrics, admission (``proxy/admission.py``), the client API keys and their rate
+limits (``proxy/api_keys.py``, ``proxy/rate_limit.py``) and the ``routing.router.Router``, the one
+door into routing: ``route`` turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a
+503), counting the decision. The snapshot holds only the replicas below their waiting bound
+(``proxy/admission.py``: 429 when none is).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.admission import Admission
+from proxy.api_keys import KeyRing, load_keys
 from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
 from proxy.model_names import resolve
+from proxy.rate_limit import RateLimiter
 from proxy.settings import Settings
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
@@ -56,6 +62,19 @@ class Gateway:
     metrics: GatewayMetrics
     background: Background = field(default_factory=Background)
     upstream: Upstream | None = None  # set by the session cleanup_ctx
+    admission: Admission = field(init=False)
+    keys: KeyRing | None = field(init=False)  # client API keys (``--api-keys``), None: open
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+
+    def __post_init__(self) -> None:
+        self.keys = load_keys(self.settings.api_keys) if self.settings.api_keys else None
+        self.admission = Admission(self.settings.max_inflight, self.settings.max_waiting_per_replica)
+        self.admission.on_reject = lambda reason: self.metrics.rejections.labels(reason).inc()
+        a = self.admission
+        self.metrics.register_source(
+            "admission", lambda: {"inflight": a.inflight, "draining": float(a.draining)}, "Admission", "field"
+        )
+        self.metrics.register_section("admission", a.status)
 
     @property
     def up(self) -> Upstream:
@@ -83,7 +102,8 @@ class Gateway:
     def route(self, parsed: ParsedRequest) -> Ticket:
         """Steps 2-5 of the data flow: the snapshot of the replicas serving the model → the Router."""
         try:
-            ticket = self.router.route(parsed.routing, self.fleet.snapshot(parsed.model))
+            states = self.admission.admissible(self.fleet.snapshot(parsed.model), self.fleet)
+            ticket = self.router.route(parsed.routing, states)
         except NoCandidates:
             model = parsed.model
             raise NoReplicaAvailable(

@@ -7,14 +7,15 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
     GatewayError(status, type)
     ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 · MethodNotAllowed 405
     │   └── ModelNotFound 404
-    ├── PayloadTooLarge 413 · Overloaded 429
-    ├── NoReplicaAvailable 503
+    ├── PayloadTooLarge 413 · Overloaded 429 ── RateLimited 429
+    ├── NoReplicaAvailable 503 · Draining 503
     └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
 
 aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream.py``.
 An upstream that *answers* with an error status is not an exception: its response is relayed as-is
 (or retried on another replica when that is safe, see ``proxy/handlers.py``). Once a stream has
 started, the status can no longer change: the handler sends one SSE error event and closes.
+An error with ``retry_after`` (seconds) is sent with a ``Retry-After`` header (429s, the drain's 503).
 """
 
 from __future__ import annotations
@@ -29,13 +30,23 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "internal_error"
     code: str | None = None
+    retry_after: int | None = None  # seconds, sent as Retry-After
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
+        if retry_after is not None:
+            self.retry_after = retry_after
 
     def payload(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -44,6 +55,8 @@ class GatewayError(Exception):
         return orjson.dumps(self.payload())
 
     def to_response(self, headers: dict[str, str] | None = None) -> web.Response:
+        if self.retry_after is not None:
+            headers = {**(headers or {}), "Retry-After": str(self.retry_after)}
         return web.Response(
             status=self.status, body=self.to_json(), content_type="application/json", headers=headers
         )
@@ -101,12 +114,27 @@ class PayloadTooLarge(GatewayError):
 class Overloaded(GatewayError):
     status = 429
     type = "rate_limit_error"
+    code = "overloaded"
+
+
+class RateLimited(Overloaded):
+    """A tenant went past its requests or tokens per minute (``proxy/rate_limit.py``)."""
+
+    code = "rate_limit_exceeded"
 
 
 class NoReplicaAvailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "no_replica_available"
+
+
+class Draining(GatewayError):
+    """The gateway is shutting down (SIGTERM): another gateway should take the request."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "draining"
 
 
 class UpstreamError(GatewayError):

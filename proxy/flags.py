@@ -77,6 +77,25 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--warmup-idle-step", "S", "seconds of predicted prefill per warm-up step while none do"),
     ("--response-cache-max-bytes", "BYTES", "memory: bytes of all cached answers; the largest one stored"),
     ("--response-cache-max-entries", "N", "memory: answers kept (least recently used evicted)"),
+    ("--drain-timeout", "S", "on SIGTERM: seconds in-flight requests get to finish before the exit"),
+    (
+        "--max-waiting-per-replica",
+        "N",
+        "requests sent to one replica and waiting for their first byte; past it on every replica, 429 "
+        "(0: the replica's max_running_requests)",
+    ),
+    ("--max-inflight", "N", "requests in progress in this gateway; past it, 429"),
+    (
+        "--api-keys",
+        "FILE",
+        "client API keys with tenants and rate limits: a JSON-lines, JSON or TOML file (or inline JSON); "
+        "when set, /v1/* and /generate need Authorization: Bearer KEY",
+    ),
+    ("--max-messages", "N", "chat messages per request (400 beyond)"),
+    ("--max-field-bytes", "BYTES", "bytes of any one string in a request body (413 beyond)"),
+    ("--max-json-depth", "N", "nesting depth of objects and arrays in a request body (400 beyond)"),
+    ("--tls-cert", "FILE", "PEM certificate (chain): serve HTTPS; needs --tls-key"),
+    ("--tls-key", "FILE", "PEM private key of --tls-cert"),
 )
 SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),

@@ -1,5 +1,6 @@
 """HTTP handlers. A generation request reads top to bottom as the data flow of docs/design.md:
-parse (once) → check model → [the response cache, when on: a hit answers here] → route (the Router
+parse (once) → input limits (``proxy/input_limits.py``) → check model → the tenant's namespace and rate
+limits (``proxy/tenancy.py``) → [the response cache, when on: a hit answers here] → route (the Router
 decides and records: a Ticket) → forward (relay, retry, finish the ticket, release, abort).
 
 Also here: pass-through of any other ``/v1/*`` path (routed by the same policy, the body's ``model``
@@ -19,8 +20,10 @@ from proxy.access_log import access_of, log_access
 from proxy.context import GATEWAY
 from proxy.errors import GatewayError, MethodNotAllowed, PayloadTooLarge
 from proxy.forward import forward
+from proxy.input_limits import check_limits
 from proxy.openai import parse_request, passthrough_request
 from proxy.response_cache import RESPONSE_CACHE
+from proxy.tenancy import admit
 from proxy.types import Route
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -48,13 +51,18 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
         raw = await read_body(request, gw.settings.max_body_bytes)
         st = gw.settings
         parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
-        parsed = gw.resolve_model(parsed)
-        cache = request.app.get(RESPONSE_CACHE)
-        if cache is not None:
-            return await cache.serve(
-                request, parsed, lambda tap: forward(request, gw, raw, parsed, gw.route(parsed), tap)
-            )
-        return await forward(request, gw, raw, parsed, gw.route(parsed))
+        check_limits(parsed, raw, st)
+        parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
+        try:
+            cache = request.app.get(RESPONSE_CACHE)
+            if cache is not None:
+                return await cache.serve(
+                    request, parsed, lambda tap: forward(request, gw, raw, parsed, gw.route(parsed), tap)
+                )
+            return await forward(request, gw, raw, parsed, gw.route(parsed))
+        finally:
+            if charge is not None:
+                charge.settle(access_of(request))
 
     return handle
 
@@ -66,9 +74,12 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, gw.settings.max_body_bytes)
     st = gw.settings
     parsed = passthrough_request(raw, request.headers.get(st.session_header), st.session_field)
-    parsed = gw.resolve_model(parsed)
-    ticket = gw.route(parsed)
-    return await forward(request, gw, raw, parsed, ticket)
+    parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
+    try:
+        return await forward(request, gw, raw, parsed, gw.route(parsed))
+    finally:
+        if charge is not None:
+            charge.settle(access_of(request))
 
 
 def _route_label(request: web.Request) -> str:

@@ -14,6 +14,8 @@ kvroute_upstream_errors_total{replica,kind}           connection failures, timeo
 kvroute_retries_total{replica}                        attempts moved to another replica
 kvroute_stream_errors_total{replica}                  streams cut after their first byte (one SSE error event)
 kvroute_client_disconnects_total{route}               clients that left early (upstream aborted)
+kvroute_rejections_total{reason}                      refused before routing: draining, gateway_full,
+                                                      replicas_full, unauthorized, rate_limited
 kvroute_ttft_seconds{route}                           histogram: upstream send to first body byte (streams)
 kvroute_replica_ttft_seconds{replica}                 the same, per replica
 kvroute_request_duration_seconds{route}               histogram: upstream send to the end of a good answer
@@ -151,6 +153,7 @@ class GatewayMetrics:
         self.retries = counter("kvroute_retries", "Attempts moved to another replica", "replica")
         self.stream_errors = counter("kvroute_stream_errors", "Streams cut after the first byte", "replica")
         self.disconnects = counter("kvroute_client_disconnects", "Clients that left early", "route")
+        self.rejections = counter("kvroute_rejections", "Requests refused before routing", "reason")
         self.prompt_tokens = counter("kvroute_prompt_tokens", "Prompt tokens reported", "replica")
         self.cached_tokens = counter("kvroute_cached_tokens", "Cached prompt tokens reported", "replica")
         self.predicted_cached = counter(

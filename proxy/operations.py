@@ -6,7 +6,8 @@ GET  /v1/models/{model}     one of them, or the served model an alias or the sin
 POST /flush_cache           fanned out to every healthy replica (as sglang-router does); admin only
                             (it wipes every replica's cache), 200 only if every replica flushed
 GET  /health                liveness: 200 while the process serves
-GET  /ready                 readiness: 200 once at least one replica is healthy, else 503
+GET  /ready                 readiness: 200 once at least one replica is healthy, else 503 (and 503
+                            ``draining`` from the first SIGTERM on, ``proxy/drain.py``)
 GET  /status                the gateway's state: JSON (``proxy/status_doc.py``) for programs, the live
                             status page for browsers (``proxy/status_page.py``)
 GET  /metrics               Prometheus text (``proxy/metrics.py``)
@@ -99,7 +100,10 @@ async def health(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """200 once a replica is healthy and, with ``--state``, the start-up replay of the shared log is
     done (or gave up after ``proxy.state_sync.START_WAIT_S``); 503 before."""
-    replicas = request.app[GATEWAY].fleet.replicas()
+    gw = request.app[GATEWAY]
+    if gw.admission.draining:
+        return _json({"status": "draining", "inflight": gw.admission.inflight}, status=503)
+    replicas = gw.fleet.replicas()
     healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
     sync = request.app.get(STATE_SYNC)
     replaying = sync is not None and not sync.ready.is_set()

@@ -1,8 +1,11 @@
 """Byte-faithful relaying of one upstream response, and reading ``usage`` on the way.
 
-Non-streamed answers are read whole and sent with the replica's status, content type and body bytes.
-Streamed answers (``text/event-stream``) are written chunk by chunk as they arrive: no buffering, no
-re-encoding, one ``write`` per received chunk (TCP_NODELAY is on, so each goes out at once).
+Headers: hop-by-hop ones (and those a ``Connection`` header names) are never relayed either way, nor a
+client's ``Host``, ``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP`` or ``x-kvroute-*``, nor a replica's
+``x-kvroute-*`` (kvroute adds its own). Non-streamed answers are read whole and sent with the
+replica's status, content type and body bytes. Streamed answers (``text/event-stream``) are written
+chunk by chunk as they arrive: no buffering, no re-encoding, one ``write`` per received chunk
+(TCP_NODELAY is on, so each goes out at once).
 
 ``SSESniffer`` watches the stream without changing it: it splits events on blank lines, keeps the
 first event's ``id`` (SGLang's rid, needed to abort) and the last event that carries token counts
@@ -35,20 +38,35 @@ HOP_BY_HOP = frozenset(
         "expect",
         "content-length",
         "host",
+        "proxy-connection",
     }
 )
+_DROP_REQUEST = HOP_BY_HOP | {"forwarded", "x-real-ip"}
 _DROP_RESPONSE = HOP_BY_HOP | {"date", "server"}
+_OWN_PREFIXES = ("x-kvroute-", "x-forwarded-")  # kvroute's own headers; the upstream address's
+
+
+def _kept(headers: Mapping[str, str], drop: frozenset[str]) -> CIMultiDict[str]:
+    """The headers but the dropped ones, those a ``Connection`` header names (hop-by-hop too, RFC 9110
+    §7.6.1) and kvroute's own ``x-kvroute-*`` and ``x-forwarded-*`` (nobody else may set them)."""
+    named = {t.strip().lower() for k, v in headers.items() if k.lower() == "connection" for t in v.split(",")}
+    out: CIMultiDict[str] = CIMultiDict()
+    for k, v in headers.items():
+        low = k.lower()
+        if low not in drop and low not in named and not low.startswith(_OWN_PREFIXES):
+            out.add(k, v)
+    return out
 
 
 def forward_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in HOP_BY_HOP)
+    out = _kept(headers, _DROP_REQUEST)
     for k, v in extra.items():
         out[k] = v
     return out
 
 
 def response_headers(headers: Mapping[str, str], extra: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _DROP_RESPONSE)
+    out = _kept(headers, _DROP_RESPONSE)
     for k, v in extra.items():
         out[k] = v
     return out

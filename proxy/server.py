@@ -4,9 +4,11 @@
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
 with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
-API and the operational endpoints (``proxy/operations.py``). Serve it with ``proxy.serving.runner``
+API and the operational endpoints (``proxy/operations.py``); two middlewares, the errors one outside
+and ``proxy/gatekeeper.py`` (client API keys, admission) inside. Serve it with ``proxy.serving.runner``
 (``main`` does, and the tests): handler cancellation, so a client that disconnects cancels its handler at
-once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP.
+once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP. ``main`` returns
+``serve``'s exit status (0 after a drain, 1 when a second signal cut it short).
 """
 
 from __future__ import annotations
@@ -19,14 +21,23 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from proxy import admin, handlers, operations, response_cache, route_preview, state_sync, warm_api
+from proxy import (
+    admin,
+    gatekeeper,
+    handlers,
+    operations,
+    response_cache,
+    route_preview,
+    state_sync,
+    warm_api,
+)
 from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx
-from proxy.serving import StartupError, serve
+from proxy.serving import StartupError, serve, tls_context
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
 from proxy.upstream import Upstream
@@ -85,7 +96,8 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(settings: Settings) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
+    middlewares = [handlers.errors_middleware, gatekeeper.gatekeeper]
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = build_gateway(settings)
     response_cache.install(app)
     app.cleanup_ctx.append(_session_ctx)
@@ -139,11 +151,15 @@ def main(argv: list[str]) -> int:
     _install_uvloop()
     tune_malloc()
     try:
-        asyncio.run(serve(app, settings.host, settings.port))
+        tls = (
+            tls_context(settings.tls_cert, settings.tls_key)
+            if settings.tls_cert and settings.tls_key
+            else None
+        )
+        return asyncio.run(serve(app, settings.host, settings.port, settings.drain_timeout, tls))
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

@@ -6,23 +6,24 @@
   the problem, never the client's bytes. aiohttp's default is a text body and an ERROR traceback that
   echo the offending header. Unexpected 500s keep aiohttp's traceback (those are bugs) but get the JSON
   body too.
-- ``serve`` listens (a port already in use is one line, not a traceback), prints the ready line, and runs
-  until SIGINT or SIGTERM, then closes the app (its cleanup contexts close the upstream session and the
-  health poller).
+- ``serve`` listens (a port already in use is one line, not a traceback), over TLS when given an
+  ``ssl.SSLContext`` (``tls_context``: ``--tls-cert/--tls-key``), prints the ready line, and runs until
+  SIGINT or SIGTERM; then drains (``proxy/drain.py``) and closes the app (its cleanup contexts close the
+  upstream session and the health poller). It returns the exit status.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
+import ssl
 from typing import Any
 
 import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
+
+from proxy.drain import Signals, drain
 
 log = logging.getLogger("kvroute.http")
 
@@ -78,25 +79,41 @@ def runner(app: web.Application, **kwargs: Any) -> GatewayRunner:
     return GatewayRunner(app, handler_cancellation=True, access_log=None, **kwargs)
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Serves until SIGINT/SIGTERM; raises StartupError when it cannot listen."""
-    run = runner(app)
+SHUTDOWN_TIMEOUT_S = 0.25  # after the drain, what still runs is cancelled (aiohttp waits this twice)
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server context (TLS 1.2 or later) for the PEM certificate chain and key; StartupError if
+    they cannot be loaded."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        raise StartupError(f"cannot load the TLS certificate {cert} / key {key}: {e}") from None
+    return ctx
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    drain_timeout_s: float = 30.0,
+    ssl_context: ssl.SSLContext | None = None,
+) -> int:
+    """Serves until SIGINT/SIGTERM, drains; the exit status. Raises StartupError when it cannot listen."""
+    run = runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await run.setup()
     try:
+        signals = Signals()
         try:
-            await web.TCPSite(run, host, port).start()
+            await web.TCPSite(run, host, port, ssl_context=ssl_context).start()
         except OSError as e:
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-        print(f"kvroute ready http://{host}:{port}", flush=True)
-        await _until_signalled()
+        scheme = "https" if ssl_context is not None else "http"
+        bound = run.addresses[0][1] if port == 0 and run.addresses else port  # port 0: the one given
+        print(f"kvroute ready {scheme}://{host}:{bound}", flush=True)
+        await signals.next()
+        return await drain(app, signals, drain_timeout_s)
     finally:
         await run.cleanup()
-
-
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):  # Windows event loops have no signal handlers
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()

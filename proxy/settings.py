@@ -12,7 +12,7 @@ TOML table ``[routing]`` sets fields of ``routing.config.RoutingConfig``. The fl
 live in ``proxy/flags.py``.
 
 Values are validated with messages that name the key and where it came from; ``redacted()`` gives the
-summary that is logged once (the admin key is never printed).
+summary that is logged once (the admin key and inline API keys are never printed).
 """
 
 from __future__ import annotations
@@ -73,9 +73,20 @@ class Settings:
     warmup_quiet: float = 1.0  # a warm-up step waits for this long without a live request on its replica
     warmup_step: float = 0.15  # seconds of predicted prefill per warm-up step while live traffic flows
     warmup_idle_step: float = 0.5  # and while none does
+    drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish (proxy/drain.py)
+    max_waiting_per_replica: int = 0  # sent, no first byte yet; 0 = the replica's max_running_requests
+    max_inflight: int = 4096  # requests in progress in this gateway (proxy/admission.py)
+    api_keys: str | None = None  # client keys: a file, or inline JSON (proxy/api_keys.py)
+    max_messages: int = 4096  # chat messages per request (proxy/input_limits.py)
+    max_field_bytes: int = 8 * MiB  # any one string in a request body
+    max_json_depth: int = 64  # nesting of objects and arrays in a request body
+    tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
+    tls_key: str | None = None  # its PEM private key
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SettingsError("settings 'tls_cert' and 'tls_key' go together: give both or neither")
         if (self.routing.policy, self.routing.seed) != (self.policy, self.seed):
             object.__setattr__(
                 self, "routing", dataclasses.replace(self.routing, policy=self.policy, seed=self.seed)
@@ -88,6 +99,8 @@ class Settings:
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
         out["admin_key"] = "***" if self.admin_key else None
+        inline = self.api_keys is not None and self.api_keys.lstrip()[:1] in ("[", "{")
+        out["api_keys"] = "***" if inline else self.api_keys
         out["state"] = redacted_url(self.state) if self.state else None
         out["response_cache"] = redacted_url(self.response_cache)
         out["routing"] = dataclasses.asdict(self.routing)
@@ -230,6 +243,15 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "warmup_quiet": _float(0.0),
     "warmup_step": _float(0.0),
     "warmup_idle_step": _float(0.0),
+    "drain_timeout": _float(0.0),
+    "max_waiting_per_replica": _int(0, 1 << 31),
+    "max_inflight": _int(1, 1 << 31),
+    "api_keys": _str,
+    "max_messages": _int(1, 1 << 31),
+    "max_field_bytes": _int(1, 1 << 40),
+    "max_json_depth": _int(2, 1000),
+    "tls_cert": _str,
+    "tls_key": _str,
 }
 
 

@@ -111,6 +111,10 @@ def _nothing() -> None:
     pass
 
 
+def _nobody(replica: ReplicaId) -> None:
+    pass
+
+
 class Lease:
     """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent. Every
     change calls ``changed`` (the shared-state publisher's kick, ``proxy/state_sync.py``)."""
@@ -146,6 +150,7 @@ class Fleet:
         self._checks = 0
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
         self.load_changed: Callable[[], None] = _nothing  # called when a lease's load changes
+        self.live_arrived: Callable[[ReplicaId], None] = _nobody  # a live request sent to a replica
         for url in urls:
             self.add(url)
 
@@ -191,7 +196,10 @@ class Fleet:
         return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
 
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
-        return Lease(self._replicas[replica_id], work, self.load_changed)
+        lease = Lease(self._replicas[replica_id], work, self.load_changed)
+        if work.live:
+            self.live_arrived(replica_id)  # the warm-up worker preempts its step there
+        return lease
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)

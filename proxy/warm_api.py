@@ -176,7 +176,12 @@ def warm_section(jobs: WarmJobs) -> dict[str, Any]:
         for v in views
         for d in v["documents"]
     ]
-    return {"jobs": len(views), "documents": docs}
+    return {
+        "jobs": len(views),
+        "steps": jobs.steps_sent,
+        "preempted_steps": jobs.preemptions,
+        "documents": docs,
+    }
 
 
 def warm_counts(jobs: WarmJobs) -> dict[str, float]:
@@ -191,6 +196,7 @@ def warm_counts(jobs: WarmJobs) -> dict[str, float]:
 
 def add_routes(app: web.Application) -> None:
     app[WARMUPS] = jobs = WarmJobs(app[GATEWAY])
+    app[GATEWAY].fleet.live_arrived = jobs.preempt
     metrics = app[GATEWAY].metrics
     metrics.register_section("warmup", lambda: warm_section(jobs))
     metrics.register_source("warmup_documents", lambda: warm_counts(jobs), "Warm-up placements by state")

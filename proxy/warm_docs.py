@@ -85,20 +85,23 @@ class Document:
         content = self.messages[-1].get("content")
         return len(content) if isinstance(content, str) else 0
 
-    def step(self, cut: int) -> Step:
-        """The request that sends the document up to ``cut`` (``cut_length()``: all of it)."""
+    def step(self, cut: int, rid: str | None = None) -> Step:
+        """The request that sends the document up to ``cut`` (``cut_length()``: all of it), with SGLang's
+        request id ``rid`` when given (so that ``/abort_request`` can stop it)."""
         if self.text is not None:
-            return self._text_step(self.text[:cut])
+            return self._text_step(self.text[:cut], rid)
         last = self.messages[-1]
         content = last.get("content")
         if not isinstance(content, str):
-            return self._chat_step(self.messages)
-        return self._chat_step((*self.messages[:-1], {**last, "content": content[:cut]}))
+            return self._chat_step(self.messages, rid)
+        return self._chat_step((*self.messages[:-1], {**last, "content": content[:cut]}), rid)
 
-    def _text_step(self, text: str) -> Step:
+    def _text_step(self, text: str, rid: str | None) -> Step:
         body: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": 0}}
         if self.cache_salt:
             body["extra_key"] = self.cache_salt
+        if rid is not None:
+            body["rid"] = rid
         raw = orjson.dumps(body)
         parsed = parse_request(Route.GENERATE, raw)
         return Step(
@@ -107,10 +110,12 @@ class Document:
             dataclasses.replace(parsed, model=self.model, routing=_with_model(parsed, self.model)),
         )
 
-    def _chat_step(self, messages: tuple[JSONObject, ...]) -> Step:
+    def _chat_step(self, messages: tuple[JSONObject, ...], rid: str | None = None) -> Step:
         body: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": 1}
         if self.cache_salt:
             body["cache_salt"] = self.cache_salt
+        if rid is not None:
+            body["rid"] = rid
         raw = orjson.dumps(body)
         return Step("/v1/chat/completions", raw, parse_request(Route.CHAT, raw))
 

@@ -14,9 +14,12 @@ replica (its learned prefill rate) and ``step_tokens`` (1024), otherwise ``idle_
 (``--warmup-idle-step``, 0.5 s) and ``idle_step_tokens`` (8192): a fleet with nothing else to do warms
 in steps long enough that their fixed cost is small. So a live request waits at most one step's prefill
 behind a warm-up: ~0.15 s while live traffic flows, ~0.5 s for the first live request after a quiet
-spell (a token-only bound would be worth seconds on a slow replica). Each step holds a load lease like
-any request, so live routing sees it as queued work, and its ticket records the prefix in the cache
-model (live requests that start with it route to it).
+spell (a token-only bound would be worth seconds on a slow replica). And a live request sent to a
+replica where a step is running preempts it: the step is aborted (``POST /abort_request`` with its rid),
+so the live request waits for the prefill chunk in progress at most; the engine keeps the chunks it had
+computed (SGLang's ``cache_unfinished_req``), and the step is sent again once the replica is quiet. Each
+step holds a load lease like any request, so live routing sees it as queued work, and its ticket records
+the prefix in the cache model (live requests that start with it route to it).
 
 Documents' text stays in this process's memory while their ttl lasts, for re-warming; it is never
 logged, put in ``/status`` or sent anywhere but to the replicas.
@@ -42,6 +45,7 @@ from routing.types import ReplicaId, Report, RoutingRequest
 
 log = logging.getLogger("kvroute.warmup")
 STEP_TIMEOUT_S = 600.0
+ABORT_TIMEOUT_S = 2.0
 REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
 STEP_TOKENS = 1024  # a step's token bound while live requests arrive (its time bound: --warmup-step)
 IDLE_STEP_TOKENS = 8192  # and while none do (--warmup-idle-step)
@@ -100,6 +104,9 @@ class WarmJobs:
         self.step_tokens, self.step_s = STEP_TOKENS, st.warmup_step
         self.idle_step_tokens, self.idle_step_s = IDLE_STEP_TOKENS, st.warmup_idle_step
         self.quiet_s = st.warmup_quiet
+        self._running: dict[ReplicaId, str] = {}  # the rid of the step in flight on each replica
+        self._preempted: set[str] = set()
+        self.preemptions = 0
         self._busy: set[ReplicaId] = set()
         self._wake = asyncio.Event()
         self.steps_sent = 0
@@ -244,14 +251,33 @@ class WarmJobs:
             self._wake.set()
 
     async def _steps(self, doc: Document, replica: ReplicaId) -> None:
-        """Cut after cut: each step waits until the replica is quiet and is sized when it is sent."""
+        """Cut after cut: each step waits until the replica is quiet and is sized when it is sent; a
+        step a live request preempted is sent again (what it had computed is cached by then)."""
         cut, length = 0, doc.cut_length()
         while True:
             await self._until_quiet(replica)
-            cut = min(length, cut + self._step_chars(replica))
-            await self._send(doc.step(cut), replica)
+            nxt = min(length, cut + self._step_chars(replica))
+            if not await self._send(doc.step(nxt, "kvroute-warm-" + uuid.uuid4().hex), replica):
+                continue
+            cut = nxt
             if cut >= length:
                 return
+
+    def preempt(self, replica: ReplicaId) -> None:
+        """A live request was just sent to ``replica``: the warm-up step running there is aborted, so
+        the live request waits for at most the chunk in progress (``Fleet.live_arrived``)."""
+        rid = self._running.get(replica)
+        if rid is None or rid in self._preempted:
+            return
+        self._preempted.add(rid)
+        self.preemptions += 1
+        self.gw.background.spawn(self._abort(replica, rid))
+
+    async def _abort(self, replica: ReplicaId, rid: str) -> None:
+        try:
+            await self.gw.up.call(replica, "POST", "/abort_request", ABORT_TIMEOUT_S, json={"rid": rid})
+        except UpstreamError as e:
+            log.info("abort of a warm-up step on %s failed: %s", replica, e.message)
 
     async def _until_quiet(self, replica: ReplicaId) -> None:
         """Polls until the replica is quiet; raises UpstreamError when it is gone or unhealthy."""
@@ -261,7 +287,8 @@ class WarmJobs:
                 raise UpstreamError(f"replica {replica} left or became unhealthy during the warm-up")
             await asyncio.sleep(QUIET_POLL_S)
 
-    async def _send(self, step: Step, replica: ReplicaId) -> None:
+    async def _send(self, step: Step, replica: ReplicaId) -> bool:
+        """One step under a load lease; False when a live request preempted it (not an error)."""
         gw = self.gw
         states = gw.fleet.snapshot(step.parsed.model)
         ticket = gw.router.assign(step.parsed.routing, states, replica)
@@ -273,14 +300,21 @@ class WarmJobs:
         lease = gw.fleet.acquire(replica, work)
         report = Report(ok=False)
         t0 = time.monotonic()
+        rid = step.parsed.rid or ""
+        self._running[replica] = rid
         try:
             status, body = await gw.up.call(replica, "POST", step.path, STEP_TIMEOUT_S, data=step.body)
+            if rid in self._preempted:
+                return False
             if status >= 400:
                 raise UpstreamError(f"{step.path} answered HTTP {status}")
             u = body_usage(body)
             report = Report(True, u.prompt_tokens, u.cached_tokens, time.monotonic() - t0)
             self.steps_sent += 1
+            return True
         finally:
+            self._running.pop(replica, None)
+            self._preempted.discard(rid)
             lease.release()
             gw.router.finish(ticket, report)
 

@@ -159,7 +159,7 @@ async def test_live_traffic_that_starts_mid_document_shrinks_the_remaining_steps
     jobs.idle_step_tokens, jobs.step_tokens, jobs.quiet_s = 2500, 400, 0.05
     text = document(11, words=8000)
     body = {"model": MODEL, "documents": [{"id": "t", "text": text}], "wait": False}
-    status, job = await warm(stack.url, body)
+    status, _ = await warm(stack.url, body)
     assert status in (200, 202)
     await wait_for(lambda: jobs.steps_sent >= 1, 10)  # the first, big step is done: now live traffic
     live = orjson.dumps({"model": MODEL, "prompt": "a live question " * 40, "max_tokens": 2})
@@ -173,6 +173,31 @@ async def test_live_traffic_that_starts_mid_document_shrinks_the_remaining_steps
     steps = [e for e in await stack.replicas[0].requests("/generate")]
     # idle throughout it would take ~4 steps of 2500 tokens; the steps after the live requests are small
     assert len(steps) >= 8, len(steps)
+
+
+async def test_a_live_request_preempts_the_warm_up_step_running_on_its_replica(
+    stack_factory: StackFactory,
+) -> None:
+    """The step is aborted by its rid (the live request waits for a chunk at most), sent again once
+    the replica is quiet, and the document still ends warm."""
+    stack = await stack_factory(n=1, emu_flags=("--emu-time-scale", "0.2"))
+    jobs = stack.app[__import__("proxy.warm_api", fromlist=["WARMUPS"]).WARMUPS]
+    jobs.idle_step_tokens, jobs.idle_step_s, jobs.quiet_s = 100_000, 100.0, 0.05  # one long step
+    body = {"model": MODEL, "documents": [{"id": "t", "text": document(12, words=8000)}], "wait": False}
+    status, _ = await warm(stack.url, body)
+    assert status in (200, 202)
+    await wait_for(lambda: bool(jobs._running), 10)  # the long step is running
+    live = orjson.dumps({"model": MODEL, "prompt": "a live question " * 40, "max_tokens": 2})
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(stack.url + "/v1/completions", data=live, headers=JSON) as r,
+    ):
+        assert r.status == 200
+    await wait_for(
+        lambda: all(d.placements[0].status == "warm" for j in jobs.jobs.values() for d in j.docs), 30
+    )
+    aborted = (await stack.replicas[0].state())["abort_requests"]["rids"]
+    assert jobs.preemptions >= 1 and any(rid.startswith("kvroute-warm-") for rid in aborted)
 
 
 # an emulator stopped in the middle of the gateway's background scrape of its /metrics can leave that
@@ -232,11 +257,11 @@ async def test_warm_steps_wait_for_live_prefill(stack_factory: StackFactory) -> 
     started: list[int] = []
     original = jobs._send
 
-    async def spy(step: Any, replica: str) -> None:
+    async def spy(step: Any, replica: str) -> bool:
         r = fleet.get(replica)
         assert r is not None
         started.append(len(r.load.queue))
-        await original(step, replica)
+        return await original(step, replica)
 
     jobs._send = spy  # type: ignore[method-assign]
     await stack.replicas[0].fault(action="slow", factor=30)  # live prefills take a while

@@ -2,8 +2,9 @@
 
 ``Gateway`` owns no sockets itself: the ClientSession, the health poller and background tasks are
 created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. It holds the fleet, the
-upstream client, the metrics and the ``routing.router.Router``, the one door into routing: ``route``
-turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503), counting the decision.
+upstream client, the deadlines, the retry budget, the metrics and the ``routing.router.Router``, the
+one door into routing: ``route`` turns a parsed request and the fleet's snapshot into a ``Ticket`` (or
+a 503), counting the decision.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.deadlines import Deadlines
 from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
 from proxy.model_names import resolve
+from proxy.retry_budget import RetryBudget
 from proxy.settings import Settings
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
@@ -56,6 +59,12 @@ class Gateway:
     metrics: GatewayMetrics
     background: Background = field(default_factory=Background)
     upstream: Upstream | None = None  # set by the session cleanup_ctx
+    deadlines: Deadlines = field(init=False)  # from the settings (proxy/deadlines.py)
+    retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/retry_budget.py)
+
+    def __post_init__(self) -> None:
+        self.deadlines = self.settings.deadlines()
+        self.retry_budget = RetryBudget(self.settings.retry_budget, self.settings.retry_budget_floor)
 
     @property
     def up(self) -> Upstream:

@@ -93,7 +93,7 @@ async def forward(
         attempt = Attempt(gw, ticket, parsed, tap)
         try:
             result = await _try(
-                request, gw, attempt, raw, headers, parsed, rid_header, last_chance=n == len(order) - 1
+                request, gw, attempt, raw, headers, parsed, rid_header, can_retry=n < len(order) - 1
             )
             if result is not None:
                 return result
@@ -130,7 +130,7 @@ async def _try(
     headers: CIMultiDict[str],
     parsed: ParsedRequest,
     rid_header: str | None,
-    last_chance: bool,
+    can_retry: bool,
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
     try:
@@ -144,8 +144,8 @@ async def _try(
     try:
         if resp.status >= 500:
             a.failed(f"HTTP {resp.status}")
-            if resp.status in RETRY_STATUSES and not last_chance:
-                gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
+            gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
+            if resp.status in RETRY_STATUSES and can_retry and _budget_allows(gw, parsed):
                 return None
         extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
         out_headers = response_headers(resp.headers, extra)
@@ -172,6 +172,15 @@ async def _try(
         return web.Response(status=resp.status, body=body, headers=out_headers)
     finally:
         resp.release()
+
+
+def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:
+    """Is a retry possible? If not, the replica's own 5xx answer is relayed (the refusal counted)."""
+    if gw.retry_budget.has_room(time.monotonic()):
+        return True
+    gw.retry_budget.refused()
+    gw.metrics.retry_budget_exhausted.labels(parsed.route.value).inc()
+    return False
 
 
 async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, parsed: ParsedRequest) -> bytes:

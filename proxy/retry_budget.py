@@ -6,9 +6,10 @@
 
 times (defaults: ``retry_budget`` 0.2, ``retry_budget_floor`` 3/s: retries stay under 20% of the traffic,
 and a quiet gateway can still make 30 retries in 10 s). ``request()`` counts each routed request once;
-``spend()`` asks for one retry and counts it when granted. A refused retry returns the last error to
-the client; the refusal is counted (``kvroute_retry_budget_exhausted_total``) and logged once per
-exhaustion (again only after a retry was granted since).
+``spend()`` asks for one retry and counts it when granted; ``has_room()`` asks without spending (a
+replica's 5xx answer is relayed rather than dropped when no retry could follow). A refused retry
+returns the last error to the client; the refusal is counted (``kvroute_retry_budget_exhausted_total``)
+and logged once per exhaustion (again only after a retry was granted since).
 
 **Backoff.** Before the k-th retry of a request (k = 0, 1, ...) the gateway sleeps a uniformly random
 time in ``[0, min(backoff_max_s, backoff_s x 2^k)]`` ("full jitter"; defaults 25 ms and 250 ms): short,
@@ -56,16 +57,23 @@ class RetryBudget:
         self._bucket(now)
         return sum(b[2] for b in self._buckets)
 
+    def has_room(self, now: float) -> bool:
+        return self.spent(now) + 1 <= self.allowed(now)
+
     def spend(self, now: float) -> bool:
-        """One retry, if the budget has room: counted and True; else False (logged once)."""
-        if self.spent(now) + 1 > self.allowed(now):
-            if not self._exhausted:
-                log.warning("retry budget exhausted: failing requests instead of retrying them")
-                self._exhausted = True
+        """One retry, if the budget has room: counted and True; else False (``refused``)."""
+        if not self.has_room(now):
+            self.refused()
             return False
         self._bucket(now)[2] += 1
         self._exhausted = False
         return True
+
+    def refused(self) -> None:
+        """A retry the budget did not allow: logged once per exhaustion."""
+        if not self._exhausted:
+            log.warning("retry budget exhausted: returning errors instead of retrying them")
+            self._exhausted = True
 
 
 def backoff_s(retry: int, base_s: float, max_s: float, rng: random.Random | None = None) -> float:

@@ -9,10 +9,13 @@ whose circuit breaker refuses (``Fleet.admit``: open, or its half-open trial alr
 2. send the client's exact body bytes; any failure before a byte reached the client moves on to the
    next replica (counted): a connection error, a 500/502/503/504 answer while another attempt remains,
    no first byte by the deadline (the replica is asked to abort the rid, when known, and the
-   connection is closed), a body or a stream's first chunk that fails; any other answer is relayed;
+   connection is closed), a body or a stream's first chunk that fails, a stream whose first event is
+   an in-band 5xx error (SGLang's way to fail a request it already accepted, e.g. while restarting);
+   any other answer is relayed;
 3. relay: whole body, or SSE chunk by chunk, each within ``idle_timeout``; a failure after the first
    streamed byte (a cut, an idle stream, a stream that ends without ``[DONE]``) sends one SSE error
-   event and closes (no ``[DONE]``);
+   event and ends the body (no ``[DONE]``); the client's connection is not closed after it (a server
+   closing a keep-alive connection after a complete body races with the client's next request on it);
 4. ``finally``: ``Attempt.finish`` (lease, Router report, metrics, the breaker's verdict).
 If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
 closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
@@ -42,7 +45,14 @@ from proxy.errors import (
     UpstreamUnavailable,
     openai_error_body,
 )
-from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
+from proxy.relay import (
+    SSESniffer,
+    body_usage,
+    first_event_error,
+    forward_headers,
+    relay_stream,
+    response_headers,
+)
 from proxy.retry_budget import backoff_s
 from proxy.types import ParsedRequest, Route
 from routing.router import Ticket
@@ -189,6 +199,8 @@ async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, pa
         chunk = await gw.up.next_chunk(resp, a.deadline, first=True)
         if not chunk:
             raise UpstreamUnavailable("stream ended before its first byte", retryable=True)
+        if (code := first_event_error(chunk)) is not None and code >= 500:
+            raise UpstreamUnavailable(f"stream began with an error event ({code})", retryable=True)
     except UpstreamError as e:
         _upstream_failed(gw, a, e, resp, parsed.rid)
         raise
@@ -224,8 +236,7 @@ async def _relay_sse(
         gw.metrics.stream_errors.labels(a.replica).inc()
         a.failed(e.code or "stream_error")
         _abandon(gw, a, resp, sniffer.rid or parsed.rid)
-        out.force_close()
-        await out.write(e.to_sse())
+        await out.write(e.to_sse())  # then a clean end: the client's keep-alive connection stays usable
     except (asyncio.CancelledError, ConnectionResetError):
         _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)
         raise

@@ -98,7 +98,7 @@ class Upstream:
         except TimeoutError as e:
             what = "no first byte in time" if first else "stream idle too long"
             raise UpstreamTimeout(f"replica {resp.url.origin()}: {what}", retryable=first) from e
-        except aiohttp.ClientError as e:
+        except (aiohttp.ClientError, OSError) as e:  # OSError: a reset aiohttp did not wrap
             raise UpstreamUnavailable(
                 f"replica connection failed mid-response: {type(e).__name__}", retryable=first
             ) from e
@@ -118,7 +118,7 @@ class Upstream:
                 return await resp.read()
         except TimeoutError as e:
             raise UpstreamTimeout(f"replica {resp.url.origin()}: no answer in time", retryable=True) from e
-        except aiohttp.ClientError as e:
+        except (aiohttp.ClientError, OSError) as e:  # OSError: a reset aiohttp did not wrap
             raise UpstreamUnavailable(
                 f"replica connection failed mid-response: {type(e).__name__}", retryable=True
             ) from e

@@ -14,7 +14,7 @@ and sends ``n`` chat requests (every other one streamed) at ``concurrency``, the
 - **redis_down** / **redis_flushed**: the Redis is stopped / emptied (FLUSHALL) once a third answered.
 
 Each answer is classified (``classify``): *completed* (a whole answer, or a stream ending with
-``[DONE]``), *failed early* (an error answer, or a stream whose first event is an error: nothing was
+``[DONE]``), *failed early* (an error status, or a stream whose first event is an error: nothing was
 streamed yet), *stream error* (data events, then exactly one SSE error event, the last or followed only
 by ``[DONE]`` as SGLang sends it), or *lost*
 (anything else: a dropped connection, a stream cut without an error, no answer within the client's
@@ -161,7 +161,7 @@ async def gateway(
 def classify(status: int, body: bytes, streamed: bool) -> str:
     """completed | failed_early | stream_error | lost (see the module docstring)."""
     if status >= 400:
-        return "failed_early" if _is_error(body) else "lost"
+        return "failed_early"  # a whole error answer: the SDK raises a clean APIStatusError
     if not streamed:
         doc = _json(body)
         return "completed" if isinstance(doc, dict) and doc.get("choices") else "lost"

@@ -14,9 +14,12 @@ requests meet on the replica. States:
   ``/health`` answers while its requests fail trips again after the next ``failures`` and waits twice
   as long.
 
-``reset`` closes the breaker outright: the fleet calls it when a replica comes back from unhealthy or
-restarted (a fresh process is used again as soon as its health check passes). Times are
-``time.monotonic()`` seconds, given by the caller; the breaker does no I/O.
+The fleet never lets breakers eject more than half of its replicas (at least one): past that, failures
+are counted but trip nothing (``may_trip``), so a client whose requests fail everywhere (a 500 that
+follows the request, not the replica) cannot empty the fleet. ``reset`` closes the breaker outright:
+the fleet calls it when a replica comes back from unhealthy or restarted (a fresh process is used
+again as soon as its health check passes). Times are ``time.monotonic()`` seconds, given by the
+caller; the breaker does no I/O.
 """
 
 from __future__ import annotations
@@ -77,12 +80,16 @@ class Breaker:
         self.failures = self.streak = 0
         self._open_until, self._trial = None, False
 
-    def failure(self, now: float) -> bool:
-        """A failed attempt; True when it tripped the breaker (closed to open, or a failed trial)."""
+    def failure(self, now: float, may_trip: bool = True) -> bool:
+        """A failed attempt; True when it tripped the breaker (closed to open, or a failed trial).
+        ``may_trip`` False (too much of the fleet is ejected already): counted, but it stays closed."""
         state = self.state(now)
         if state is BreakerState.OPEN:
             return False  # a request sent before the trip, ending after it
         self.failures += 1
+        if not may_trip:
+            self._trial = False
+            return False
         if state is BreakerState.HALF_OPEN or self.failures >= self.policy.failures:
             self._trip(now)
             return True

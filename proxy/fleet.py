@@ -199,6 +199,11 @@ class Fleet:
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
         return Lease(self._replicas[replica_id], work)
 
+    def admits(self, replica_id: ReplicaId) -> bool:
+        """Would ``admit`` let a request through now (without claiming a half-open trial)?"""
+        replica = self._replicas.get(replica_id)
+        return replica is not None and replica.breaker.admits(time.monotonic())
+
     def admit(self, replica_id: ReplicaId) -> bool:
         """May a request be sent to the replica now (its breaker closed, or this is its half-open trial)?"""
         replica = self._replicas.get(replica_id)
@@ -214,9 +219,15 @@ class Fleet:
             b.release()
         elif ok:
             b.success()
-        elif b.failure(time.monotonic()):
+        elif b.failure(time.monotonic(), may_trip=self._may_eject()):
             log.warning("replica %s: circuit breaker open after %s (trip %d)", replica_id, reason, b.streak)
             replica.last_error = reason
+
+    def _may_eject(self) -> bool:
+        """Another breaker may open while at most half of the replicas (at least one) are ejected."""
+        now = time.monotonic()
+        ejected = sum(not r.breaker.admits(now) for r in self._replicas.values())
+        return ejected + 1 <= max(1, len(self._replicas) // 2)
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)

@@ -93,11 +93,13 @@ async def forward(
     gw.retry_budget.request(time.monotonic())
     retried = 0
     for n, replica in enumerate(order):
-        if replica in unreachable or not gw.fleet.admit(replica):
+        if replica in unreachable or not gw.fleet.admits(replica):
             continue
         if last is not None:
             await _before_retry(gw, parsed, replica, retried, last)
             retried += 1
+        if not gw.fleet.admit(replica):  # claimed last: nothing between here and the attempt can fail
+            continue
         if replica != ticket.replica:
             ticket = gw.router.retarget(ticket, replica)
         attempt = Attempt(gw, ticket, parsed, tap)
@@ -259,7 +261,7 @@ def _upstream_failed(
     gw.metrics.upstream_errors.labels(a.replica, e.code or "error").inc()
     a.failed(e.code or "upstream_error")
     if isinstance(e, UpstreamTimeout):
-        log.warning("replica %s: %s; trying another replica", a.replica, e.message)
+        log.warning("%s; trying another replica", e.message)
         _abandon(gw, a, resp, rid)
 
 

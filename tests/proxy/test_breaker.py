@@ -107,3 +107,10 @@ def test_first_byte_deadline_scales_with_the_predicted_ttft(
     predicted: float, streamed: bool, max_tokens: int | None, expected: float
 ) -> None:
     assert Deadlines().first_byte_s(predicted, streamed, max_tokens) == pytest.approx(expected)
+
+
+def test_a_failure_that_may_not_trip_is_counted_but_leaves_it_closed() -> None:
+    b = Breaker(POLICY)
+    assert not any(b.failure(0.0, may_trip=False) for _ in range(5))
+    assert b.state(0.0) is BreakerState.CLOSED and b.failures == 5
+    assert b.failure(0.0)  # allowed again: the count was kept

@@ -98,3 +98,13 @@ async def test_a_restarted_replica_is_used_again_as_soon_as_it_is_healthy(
     await wait_for(lambda: breaker(stack, sick.url) is BreakerState.CLOSED)
     replicas = [(await ask(stack.url, chat(f"r{i}")))[2] for i in range(4)]
     assert sick.url in replicas and await fresh.served() >= 1
+
+
+async def test_breakers_never_eject_more_than_half_of_the_fleet(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=2, breaker_failures=1, breaker_cooldown=60.0)
+    for r in stack.replicas:
+        await r.fault(action="fail", status=500, count=4)
+    statuses = [(await ask(stack.url, chat(f"q{i}")))[0] for i in range(3)]
+    assert 500 in statuses or 502 in statuses  # the request itself fails everywhere
+    states = [breaker(stack, url) for url in stack.urls]
+    assert states.count(BreakerState.OPEN) == 1 and BreakerState.CLOSED in states

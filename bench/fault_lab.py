@@ -6,7 +6,8 @@ in its own, so it can be killed, and two healthy ones) with ``--emu-enable-fault
 gateway over the three replicas (``--state`` on the Redis for the two Redis kinds), injects the fault
 and sends ``n`` chat requests (every other one streamed) at ``concurrency``, then reads the verdicts:
 
-- **killed**: the victim's process gets SIGKILL once a third of the requests answered;
+- **killed**: the victim's process gets SIGKILL once a third of the requests answered (and the
+  gateway has requests in flight on it: the mid-run faults wait up to 2 s for that);
 - **hung**, **fail** (500 then 503), **cut_stream** (3 before the first event, then after two events),
   **slow** (x20), **reset**: armed on the victim (``emulator/faults.py``) before the burst, for every
   request that reaches it (the breaker soon ejects it: then only its half-open trials do);
@@ -27,7 +28,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,14 +46,15 @@ from proxy.settings import Settings
 KINDS = ("killed", "hung", "fail", "cut_stream", "slow", "reset", "restart", "redis_down", "redis_flushed")
 MODEL = "emu-model"
 CLIENT_TIMEOUT_S = 30.0
+BUSY_WAIT_S = 2.0
 SYSTEM = "You are a careful assistant who answers in few words. " * 8
-GATEWAY_SETTINGS = {  # deadlines and breaker sized for modelled time 100x faster (--emu-time-scale 0.01)
-    "policy": "cost",
+GATEWAY_SETTINGS = {  # deadlines and breaker sized for modelled time 50x faster (--emu-time-scale 0.02)
+    "policy": "round_robin",  # the victim gets its third of the traffic whatever it holds
     "health_interval": 0.2,
     "retries": 2,
     "first_byte_timeout": 0.5,
     "first_byte_timeout_margin": 0.2,
-    "decode_timeout_per_token": 0.05,
+    "decode_timeout_per_token": 0.02,
     "idle_timeout": 2.0,
     "breaker_cooldown": 1.0,
 }
@@ -84,7 +86,7 @@ class Tally:
 class FaultLab:
     """The replicas and the Redis of the fault runs (a sync context manager)."""
 
-    def __init__(self, time_scale: float = 0.01) -> None:
+    def __init__(self, time_scale: float = 0.02) -> None:
         args = ["--served-model-name", MODEL, "--emu-time-scale", str(time_scale), "--emu-enable-faults"]
         args += ["--enable-cache-report", "--page-size", "16"]
         self.victim = EmulatorFleet(1, args)
@@ -193,7 +195,7 @@ async def _one(http: aiohttp.ClientSession, url: str, i: int) -> str:
     body = {
         "model": MODEL,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}],
-        "max_tokens": 16,
+        "max_tokens": 64,
         "stream": streamed,
     }
     try:
@@ -203,8 +205,11 @@ async def _one(http: aiohttp.ClientSession, url: str, i: int) -> str:
         return "lost"
 
 
-async def burst(lab: FaultLab, kind: str, url: str, n: int, concurrency: int) -> list[str]:
-    """``n`` requests at ``concurrency``; the mid-run fault strikes when a third have answered."""
+async def burst(
+    lab: FaultLab, kind: str, url: str, n: int, concurrency: int, busy: Callable[[], bool]
+) -> list[str]:
+    """``n`` requests at ``concurrency``; the mid-run fault strikes when a third have answered and
+    ``busy()`` (the victim has requests in flight; waited for at most ``BUSY_WAIT_S``)."""
     gate, done, verdicts = asyncio.Semaphore(concurrency), asyncio.Event(), []
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
 
@@ -217,6 +222,10 @@ async def burst(lab: FaultLab, kind: str, url: str, n: int, concurrency: int) ->
     async with aiohttp.ClientSession(timeout=timeout) as http:
         tasks = [asyncio.create_task(one(i, http)) for i in range(n)]
         await done.wait()
+        for _ in range(int(BUSY_WAIT_S / 0.001)):
+            if busy():
+                break
+            await asyncio.sleep(0.001)
         await lab.strike(kind)
         await asyncio.gather(*tasks)
     return verdicts
@@ -234,7 +243,9 @@ async def run_kind(
     async with gateway(lab, kind, overrides or {}) as (url, app):
         for fault in ARMED.get(kind, []):
             await lab.arm(({"count": n} if fault["action"] != "slow" else {}) | fault)
-        verdicts = await burst(lab, kind, url, n, concurrency)
+        victim = app[GATEWAY].fleet.get(lab.victim.urls[0])
+        busy = (lambda: victim.inflight_requests > 0) if victim is not None else (lambda: True)
+        verdicts = await burst(lab, kind, url, n, concurrency, busy)
         metrics = app[GATEWAY].metrics.render().decode()
     t = Tally(kind, requests=len(verdicts))
     t.completed, t.failed_early = verdicts.count("completed"), verdicts.count("failed_early")

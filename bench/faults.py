@@ -4,7 +4,7 @@ Runs the nine kinds of ``bench.fault_lab`` (each on a fresh gateway over the sam
 Redis), ``--requests`` each (default 500, every other one streamed) at ``--concurrency`` (default 16),
 prints one row per kind (requests, failures before the first byte, stream errors, lost, retries, and
 what the gateway met: upstream errors and breaker trips) and writes the table to
-``bench/results/faults.md``. About 15 s on 2 cores.
+``bench/results/faults.md``. About 20 s on 2 cores.
 """
 
 from __future__ import annotations

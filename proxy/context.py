@@ -2,10 +2,11 @@
 
 ``Gateway`` owns no sockets itself: the ClientSession, the health poller and background tasks are
 created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. It holds the fleet, the
-upstream client, the metrics, admission (``proxy/admission.py``), the client API keys and their rate
-limits (``proxy/api_keys.py``, ``proxy/rate_limit.py``) and the ``routing.router.Router``, the one
-door into routing: ``route`` turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a
-503), counting the decision. The snapshot holds only the replicas below their waiting bound
+upstream client, the deadlines (``proxy/deadlines.py``), the retry budget (``proxy/retry_budget.py``),
+the metrics, admission (``proxy/admission.py``), the client API keys and their rate limits
+(``proxy/api_keys.py``, ``proxy/rate_limit.py``) and the ``routing.router.Router``, the one door into
+routing: ``route`` turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503),
+counting the decision. The snapshot holds only the replicas below their waiting bound
 (``proxy/admission.py``: 429 when none is).
 """
 
@@ -22,11 +23,13 @@ from aiohttp import web
 
 from proxy.admission import Admission
 from proxy.api_keys import KeyRing, load_keys
+from proxy.deadlines import Deadlines
 from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
 from proxy.metrics import GatewayMetrics
 from proxy.model_names import resolve
 from proxy.rate_limit import RateLimiter
+from proxy.retry_budget import RetryBudget
 from proxy.settings import Settings
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
@@ -65,8 +68,12 @@ class Gateway:
     admission: Admission = field(init=False)
     keys: KeyRing | None = field(init=False)  # client API keys (``--api-keys``), None: open
     limiter: RateLimiter = field(default_factory=RateLimiter)
+    deadlines: Deadlines = field(init=False)  # from the settings (proxy/deadlines.py)
+    retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/retry_budget.py)
 
     def __post_init__(self) -> None:
+        self.deadlines = self.settings.deadlines()
+        self.retry_budget = RetryBudget(self.settings.retry_budget, self.settings.retry_budget_floor)
         self.keys = load_keys(self.settings.api_keys) if self.settings.api_keys else None
         self.admission = Admission(self.settings.max_inflight, self.settings.max_waiting_per_replica)
         self.admission.on_reject = lambda reason: self.metrics.rejections.labels(reason).inc()

@@ -159,6 +159,10 @@ class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
 
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable  # no first byte yet: nothing reached the client, try another replica
+
 
 _TYPES = {
     400: "invalid_request_error",

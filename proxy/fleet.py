@@ -11,6 +11,10 @@
   start time, so a restart cannot be ruled out) calls ``on_restart(replica)``: the prefix index drops
   its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
   kept its cache, and nothing is dropped. Removing a replica calls ``on_removed(replica)``.
+- Passive checks (``proxy/breaker.py``): each replica has a circuit breaker fed by the outcomes of real
+  requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
+  false), a half-open one lets one trial through (``admit``). A good active check closes a half-open
+  breaker; a replica that comes back from unhealthy, or restarted, starts with a closed one.
 - Load: each routed request takes a ``Lease`` on a ``proxy.load.Work``: queued prefill work (tokens and
   predicted seconds) until its first byte arrives, then a decoding slot; ``release`` (in the handler's
   ``finally``) undoes whatever is left, exactly once. Snapshots report the load in work
@@ -25,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from proxy.breaker import Breaker, BreakerPolicy
 from proxy.errors import UpstreamError
 from proxy.health_log import HealthLog
 from proxy.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, TrafficEpoch, Work, combined
@@ -42,10 +47,14 @@ HEALTH_TIMEOUT_S = 5.0
 class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
-    __slots__ = ("draining", "failures", "healthy", "id", "info", "last_error", "load", "remote")
+    __slots__ = ("breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "remote")
 
     def __init__(
-        self, url: str, window_s: float = DEFAULT_WINDOW_S, epoch: TrafficEpoch | None = None
+        self,
+        url: str,
+        window_s: float = DEFAULT_WINDOW_S,
+        epoch: TrafficEpoch | None = None,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         self.id: ReplicaId = url.rstrip("/")
         self.info: ReplicaInfo | None = None
@@ -55,6 +64,7 @@ class Replica:
         self.load = ReplicaLoad(window_s, epoch or TrafficEpoch())
         self.remote: LoadView | None = None  # other gateways' load on it (proxy/state_sync.py)
         self.last_error: str | None = None
+        self.breaker = Breaker(breaker)
 
     @property
     def inflight_requests(self) -> int:
@@ -62,12 +72,13 @@ class Replica:
 
     def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
-        load = self.load.view(time.monotonic() if now is None else now, i.max_running_requests if i else 0)
+        now = time.monotonic() if now is None else now
+        load = self.load.view(now, i.max_running_requests if i else 0)
         if self.remote is not None:
             load = combined(load, self.remote)
         return ReplicaState(
             id=self.id,
-            healthy=self.healthy and i is not None,
+            healthy=self.healthy and i is not None and self.breaker.admits(now),
             draining=self.draining,
             inflight_requests=load.inflight_requests,
             inflight_prefill_tokens=load.inflight_prefill_tokens,
@@ -103,6 +114,7 @@ class Replica:
             "hybrid": i.hybrid if i else None,
             "started_at": i.started_at if i else None,
             "last_error": self.last_error,
+            "breaker": self.breaker.status(time.monotonic()),
             "warnings": list(tier_warnings(self.state())) if i else [],
         }
 
@@ -141,8 +153,10 @@ class Fleet:
         health_interval: float,
         on_removed: Callable[[ReplicaId], None],
         on_restart: Callable[[ReplicaId], None],
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         self._replicas: dict[ReplicaId, Replica] = {}
+        self._breaker = breaker
         self._interval = health_interval
         self._on_removed = on_removed
         self._on_restart = on_restart
@@ -158,7 +172,7 @@ class Fleet:
     def add(self, url: str) -> Replica:
         replica = self._replicas.get(url.rstrip("/"))
         if replica is None:
-            replica = Replica(url, epoch=self._epoch)
+            replica = Replica(url, epoch=self._epoch, breaker=self._breaker)
             self._replicas[replica.id] = replica
         return replica
 
@@ -201,6 +215,36 @@ class Fleet:
             self.live_arrived(replica_id)  # the warm-up worker preempts its step there
         return lease
 
+    def admits(self, replica_id: ReplicaId) -> bool:
+        """Would ``admit`` let a request through now (without claiming a half-open trial)?"""
+        replica = self._replicas.get(replica_id)
+        return replica is not None and replica.breaker.admits(time.monotonic())
+
+    def admit(self, replica_id: ReplicaId) -> bool:
+        """May a request be sent to the replica now (its breaker closed, or this is its half-open trial)?"""
+        replica = self._replicas.get(replica_id)
+        return replica is not None and replica.breaker.acquire(time.monotonic())
+
+    def outcome(self, replica_id: ReplicaId, ok: bool | None, reason: str = "") -> None:
+        """What an attempt met: a good answer (True), a failure (False) or no verdict (None)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        b = replica.breaker
+        if ok is None:
+            b.release()
+        elif ok:
+            b.success()
+        elif b.failure(time.monotonic(), may_trip=self._may_eject()):
+            log.warning("replica %s: circuit breaker open after %s (trip %d)", replica_id, reason, b.streak)
+            replica.last_error = reason
+
+    def _may_eject(self) -> bool:
+        """Another breaker may open while at most half of the replicas (at least one) are ejected."""
+        now = time.monotonic()
+        ejected = sum(not r.breaker.admits(now) for r in self._replicas.values())
+        return ejected + 1 <= max(1, len(self._replicas) // 2)
+
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)
         if replica is not None and replica.healthy:
@@ -228,6 +272,9 @@ class Fleet:
             return
         if not replica.healthy:
             self._health.recovered(replica.id, replica.info.served_model if replica.info else "?")
+            replica.breaker.reset()
+        else:
+            replica.breaker.probe_ok(time.monotonic())
         replica.healthy, replica.failures, replica.last_error = True, 0, None
 
     async def _refresh_info(self, upstream: Upstream, replica: Replica) -> None:
@@ -247,6 +294,7 @@ class Fleet:
             return
         if old.started_at and new.started_at and old.started_at != new.started_at:
             log.info("replica %s restarted: dropping its GPU and host tiers", replica.id)
+            replica.breaker.reset()
             self._on_restart(replica.id)
         elif not replica.healthy and not (old.started_at and new.started_at):
             log.info("replica %s returned without a start time: assuming a restart", replica.id)

@@ -1,16 +1,22 @@
 """Sending one routed request upstream: attempts, retries, relay, outcome, abort.
 
 For each replica in the ticket's ``decision.ranked`` order (``1 + retries`` attempts, cycling
-through the list when it is shorter; a replica that refused the connection is not tried again):
+through the list when it is shorter; a replica that refused the connection is not tried again, one
+whose circuit breaker refuses (``Fleet.admit``: open, or its half-open trial already out) is skipped):
 1. a retry re-targets the ticket at its replica (``Router.retarget``: re-predicted and recorded there);
-   take a load lease on the replica (its predicted uncached tokens count as prefill in flight);
-2. send the client's exact body bytes; a connection that fails before any response byte, or a
-   502/503/504 answer while another attempt remains, moves on to the next replica (counted);
-   any other answer (2xx, 4xx, 500) is relayed as-is;
-3. relay: whole body, or SSE chunk by chunk; a failure after the first streamed byte sends one SSE
-   error event and closes (no ``[DONE]``);
-4. ``finally``: release the lease, finish the ticket with the replica's ``Report`` (ok, usage, TTFT):
-   the Router learns from it, or rolls back what never ran.
+   it must fit the retry budget and waits a jittered backoff first (``proxy/retry_budget.py``);
+   the ``Attempt`` (``proxy/attempt.py``) takes a load lease and fixes its first-byte deadline;
+2. send the client's exact body bytes; any failure before a byte reached the client moves on to the
+   next replica (counted): a connection error, a 500/502/503/504 answer while another attempt remains,
+   no first byte by the deadline (the replica is asked to abort the rid, when known, and the
+   connection is closed), a body or a stream's first chunk that fails, a stream whose first event is
+   an in-band 5xx error (SGLang's way to fail a request it already accepted, e.g. while restarting);
+   any other answer is relayed;
+3. relay: whole body, or SSE chunk by chunk, each within ``idle_timeout``; a failure after the first
+   streamed byte (a cut, an idle stream, a stream that ends without ``[DONE]``) sends one SSE error
+   event and ends the body (no ``[DONE]``); the client's connection is not closed after it (a server
+   closing a keep-alive connection after a complete body races with the client's next request on it);
+4. ``finally``: ``Attempt.finish`` (lease, Router report, metrics, the breaker's verdict).
 If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
 closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
 An optional ``Tap`` sees the relayed answer (the whole body, or each SSE chunk as it passes): the
@@ -20,73 +26,42 @@ response cache's capture (``proxy/response_capture.py``).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Protocol
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.access_log import Access, access_of
+from proxy.access_log import access_of
+from proxy.attempt import Attempt, Tap
 from proxy.context import Gateway
-from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable, openai_error_body
-from proxy.load import Work
-from proxy.relay import SSESniffer, body_usage, forward_headers, relay_stream, response_headers
-from proxy.types import ParsedRequest, Route, Usage
+from proxy.errors import (
+    NoReplicaAvailable,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    openai_error_body,
+)
+from proxy.relay import (
+    SSESniffer,
+    body_usage,
+    first_event_error,
+    forward_headers,
+    relay_stream,
+    response_headers,
+)
+from proxy.retry_budget import backoff_s
+from proxy.types import ParsedRequest, Route
 from routing.router import Ticket
-from routing.types import Decision, ReplicaId, Report
+from routing.types import Decision, ReplicaId
 
+__all__ = ["Tap", "forward", "request_id"]
 log = logging.getLogger("kvroute.forward")
-RETRY_STATUSES = frozenset({502, 503, 504})
+RETRY_STATUSES = frozenset({500, 502, 503, 504})
 ABORT_TIMEOUT_S = 2.0
-
-
-class Tap(Protocol):
-    """Sees the answer relayed to the client: a whole body, or the SSE chunks as they pass."""
-
-    def body(self, status: int, body: bytes) -> None: ...
-
-    def stream(self, status: int, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
-
-
-class Attempt:
-    """One try on one replica; collects what the outcome needs."""
-
-    def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest, tap: Tap | None = None) -> None:
-        self.gw, self.replica, self.route, self.tap = gw, ticket.replica, parsed.route.value, tap
-        self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed))
-        self.t0 = asyncio.get_running_loop().time()
-        self.ttft: float | None = None
-        self.usage = Usage()
-        self.ok = False
-
-    def first_byte(self) -> None:
-        """First streamed byte: the prefill is done; this is the request's TTFT."""
-        if self.ttft is None:
-            self.ttft = asyncio.get_running_loop().time() - self.t0
-            self.lease.first_token()
-
-    def whole_body(self) -> None:
-        """A non-streamed answer arrived: prefill and decode are done, so there is no TTFT to learn
-        from (``ttft`` stays None rather than mixing decode time into prefill-rate learning)."""
-        self.lease.first_token()
-
-
-def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
-    """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill."""
-    terms = ticket.prediction.terms
-    return Work(
-        sent_s=time.monotonic(),
-        prefill_tokens=max(0, round(terms.uncached_tokens)),
-        work_s=terms.prefill_s + terms.reload_s,
-        ttft_s=terms.total,
-        budget=ticket.request.max_new_tokens or 0,
-        streamed=parsed.stream,
-    )
 
 
 def request_id(request: web.Request) -> str:
@@ -115,19 +90,26 @@ async def forward(
     access = access_of(request)
     order = _attempt_order(ticket.decision, gw.settings.retries)
     unreachable: set[ReplicaId] = set()
+    gw.retry_budget.request(time.monotonic())
+    retried = 0
     for n, replica in enumerate(order):
-        if replica in unreachable or gw.fleet.get(replica) is None:
+        if replica in unreachable or not gw.fleet.admits(replica):
             continue
-        if n > 0:
-            gw.metrics.retries.labels(replica).inc()
+        if last is not None:
+            await _before_retry(gw, parsed, replica, retried, last)
+            retried += 1
+        if not gw.fleet.admit(replica):  # claimed last: nothing between here and the attempt can fail
+            continue
+        if replica != ticket.replica:
             ticket = gw.router.retarget(ticket, replica)
         attempt = Attempt(gw, ticket, parsed, tap)
         try:
             result = await _try(
-                request, gw, attempt, raw, headers, parsed, rid_header, last_chance=n == len(order) - 1
+                request, gw, attempt, raw, headers, parsed, rid_header, can_retry=n < len(order) - 1
             )
             if result is not None:
                 return result
+            last = UpstreamUnavailable(f"replica {replica}: {attempt.failure}", retryable=True)
         except UpstreamError as e:
             if not e.retryable:
                 raise
@@ -136,30 +118,20 @@ async def forward(
                 unreachable.add(replica)
                 gw.fleet.mark_unreachable(replica, e.message)
         finally:
-            attempt.lease.release()
-            _finish(gw, ticket, attempt, access)
+            attempt.finish(access)
     raise last or NoReplicaAvailable("no replica could take the request")
 
 
-def _reported_cached(gw: Gateway, replica: ReplicaId, u: Usage) -> int | None:
-    """SGLang 0.5.10 with ``--enable-cache-report`` sends ``prompt_tokens_details: null`` when nothing
-    was cached: on such a replica a usage without details is a reported 0, not "unknown"."""
-    if u.cached_tokens is not None or u.prompt_tokens is None:
-        return u.cached_tokens
-    r = gw.fleet.get(replica)
-    return 0 if r is not None and r.info is not None and r.info.cache_report else None
-
-
-def _finish(gw: Gateway, ticket: Ticket, a: Attempt, access: Access) -> None:
-    u = dataclasses.replace(a.usage, cached_tokens=_reported_cached(gw, a.replica, a.usage))
-    elapsed = asyncio.get_running_loop().time() - a.t0
-    decode = elapsed - a.ttft if a.ttft is not None else None
-    report = Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft, u.completion_tokens, decode)
-    gw.router.finish(ticket, report)
-    gw.metrics.attempt_done(a.route, ticket, report, elapsed)
-    access.replica, access.reason, access.ttft_s = a.replica, ticket.decision.reason.value, a.ttft
-    access.prompt_tokens, access.cached_tokens = u.prompt_tokens, u.cached_tokens
-    access.completion_tokens, access.attempts = u.completion_tokens, access.attempts + 1
+async def _before_retry(
+    gw: Gateway, parsed: ParsedRequest, replica: ReplicaId, retried: int, last: UpstreamError
+) -> None:
+    """Spends one retry of the budget (or re-raises ``last``), then waits the jittered backoff."""
+    if not gw.retry_budget.spend(time.monotonic()):
+        gw.metrics.retry_budget_exhausted.labels(parsed.route.value).inc()
+        raise last
+    gw.metrics.retries.labels(replica).inc()
+    st = gw.settings
+    await asyncio.sleep(backoff_s(retried, st.retry_backoff, st.retry_backoff_max))
 
 
 async def _try(
@@ -170,33 +142,40 @@ async def _try(
     headers: CIMultiDict[str],
     parsed: ParsedRequest,
     rid_header: str | None,
-    last_chance: bool,
+    can_retry: bool,
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
     try:
-        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None)
+        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.deadline)
     except UpstreamError as e:
-        gw.metrics.upstream_errors.labels(a.replica, e.code or "error").inc()
+        _upstream_failed(gw, a, e, None, parsed.rid)
         raise
     except asyncio.CancelledError:
         _client_gone(gw, a, None, parsed.rid, parsed.route.value)
         raise
     try:
-        if resp.status in RETRY_STATUSES and not last_chance:
+        if resp.status >= 500:
+            a.failed(f"HTTP {resp.status}")
             gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
-            return None
+            if resp.status in RETRY_STATUSES and can_retry and _budget_allows(gw, parsed):
+                return None
         extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
         out_headers = response_headers(resp.headers, extra)
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             return await _relay_sse(request, gw, a, resp, out_headers, parsed)
         try:
-            body = await gw.up.read(resp)
+            body = await gw.up.read(resp, a.deadline)
+        except UpstreamError as e:
+            _upstream_failed(gw, a, e, resp, parsed.rid)
+            raise
         except asyncio.CancelledError:
             _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
             raise
         a.whole_body()
         a.ok = resp.status < 400
-        a.usage = body_usage(body) if a.ok else Usage()
+        if resp.status < 500:
+            a.verdict = True
+        a.usage = body_usage(body) if a.ok else a.usage
         if a.tap is not None:
             a.tap.body(resp.status, body)
         reshaped = openai_error_body(resp.status, body) if parsed.route is Route.PASSTHROUGH else None
@@ -207,6 +186,32 @@ async def _try(
         resp.release()
 
 
+def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:
+    """Is a retry possible? If not, the replica's own 5xx answer is relayed (the refusal counted)."""
+    if gw.retry_budget.has_room(time.monotonic()):
+        return True
+    gw.retry_budget.refused()
+    gw.metrics.retry_budget_exhausted.labels(parsed.route.value).inc()
+    return False
+
+
+async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, parsed: ParsedRequest) -> bytes:
+    """A stream's first chunk, by the attempt's deadline: until it came, the request can move on."""
+    try:
+        chunk = await gw.up.next_chunk(resp, a.deadline, first=True)
+        if not chunk:
+            raise UpstreamUnavailable("stream ended before its first byte", retryable=True)
+        if (code := first_event_error(chunk)) is not None and code >= 500:
+            raise UpstreamUnavailable(f"stream began with an error event ({code})", retryable=True)
+    except UpstreamError as e:
+        _upstream_failed(gw, a, e, resp, parsed.rid)
+        raise
+    except asyncio.CancelledError:
+        _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
+        raise
+    return chunk
+
+
 async def _relay_sse(
     request: web.Request,
     gw: Gateway,
@@ -215,18 +220,25 @@ async def _relay_sse(
     headers: CIMultiDict[str],
     parsed: ParsedRequest,
 ) -> web.StreamResponse:
+    first = await _first_chunk(gw, a, resp, parsed)
     out = web.StreamResponse(status=resp.status, headers=headers)
     await out.prepare(request)
     sniffer = SSESniffer()
-    chunks = gw.up.chunks(resp) if a.tap is None else a.tap.stream(resp.status, gw.up.chunks(resp))
+    chunks = _prepend(first, gw.up.chunks(resp, gw.deadlines.idle_s()))
+    if a.tap is not None:
+        chunks = a.tap.stream(resp.status, chunks)
     try:
         await relay_stream(out, chunks, sniffer, a.first_byte)
+        if resp.status < 400 and parsed.route is not Route.PASSTHROUGH and not sniffer.saw_done:
+            raise UpstreamUnavailable("stream ended before [DONE]", retryable=False)
         a.ok = resp.status < 400
+        a.verdict = a.verdict if resp.status >= 500 else True
     except UpstreamError as e:
         log.warning("stream from %s failed after its first byte: %s", a.replica, e.message)
         gw.metrics.stream_errors.labels(a.replica).inc()
-        out.force_close()
-        await out.write(e.to_sse())
+        a.failed(e.code or "stream_error")
+        _abandon(gw, a, resp, sniffer.rid or parsed.rid)
+        await out.write(e.to_sse())  # then a clean end: the client's keep-alive connection stays usable
     except (asyncio.CancelledError, ConnectionResetError):
         _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)
         raise
@@ -236,15 +248,36 @@ async def _relay_sse(
     return out
 
 
-def _client_gone(
-    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None, route: str
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+def _upstream_failed(
+    gw: Gateway, a: Attempt, e: UpstreamError, resp: aiohttp.ClientResponse | None, rid: str | None
 ) -> None:
+    """The replica failed before a byte reached the client: counted; a timed-out request is abandoned."""
+    gw.metrics.upstream_errors.labels(a.replica, e.code or "error").inc()
+    a.failed(e.code or "upstream_error")
+    if isinstance(e, UpstreamTimeout):
+        log.warning("%s; trying another replica", e.message)
+        _abandon(gw, a, resp, rid)
+
+
+def _abandon(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None) -> None:
     """Closes the upstream connection now; asks the replica to abort ``rid`` in the background."""
     if resp is not None:
         resp.close()
-    gw.metrics.disconnects.labels(route).inc()
     if rid is not None:
         gw.background.spawn(_abort(gw, a.replica, rid))
+
+
+def _client_gone(
+    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None, route: str
+) -> None:
+    gw.metrics.disconnects.labels(route).inc()
+    _abandon(gw, a, resp, rid)
 
 
 async def _abort(gw: Gateway, replica: ReplicaId, rid: str) -> None:

@@ -12,6 +12,7 @@ kvroute_errors_total{route,status_class,error}        answers >= 400: ``error`` 
 kvroute_decisions_total{policy,reason}                routing decisions by Reason
 kvroute_upstream_errors_total{replica,kind}           connection failures, timeouts, 5xx before the first byte
 kvroute_retries_total{replica}                        attempts moved to another replica
+kvroute_retry_budget_exhausted_total{route}           retries the retry budget refused (the error returned)
 kvroute_stream_errors_total{replica}                  streams cut after their first byte (one SSE error event)
 kvroute_client_disconnects_total{route}               clients that left early (upstream aborted)
 kvroute_rejections_total{reason}                      refused before routing: draining, gateway_full,
@@ -24,10 +25,12 @@ kvroute_prompt_tokens_total / kvroute_cached_tokens_total{replica}   from the re
 kvroute_predicted_cached_tokens_total{replica}        what the cache model predicted for those same requests
 
 Collected at scrape time (``proxy/fleet_metrics.py``): replica health, requests in flight, queued prefill
-work (seconds, tokens), utilization and arrival rate (``proxy/load.py``); the cache model's blocks,
-tokens, capacity and estimated bytes per replica and tier; its prediction accuracy; each replica's own
-``sglang:*`` figures re-exported as ``kvroute_replica_sglang_<name>{replica}`` with the scraper's state
-(``proxy/replica_metrics.py``); the process's own ``process_*`` figures (memory, CPU, file descriptors).
+work (seconds, tokens), utilization and arrival rate (``proxy/load.py``); each replica's circuit breaker
+(``kvroute_replica_breaker_state`` 0 closed, 1 half-open, 2 open; ``kvroute_replica_breaker_trips_total``);
+the cache model's blocks, tokens, capacity and estimated bytes per replica and tier; its prediction
+accuracy; each replica's own ``sglang:*`` figures re-exported as ``kvroute_replica_sglang_<name>{replica}``
+with the scraper's state (``proxy/replica_metrics.py``); the process's own ``process_*`` figures (memory,
+CPU, file descriptors).
 
 Written by ``proxy.exposition`` (10x faster than prometheus-client's ``generate_latest``, which still
 sees the same families through ``registry``); the counters and histograms are its ``FastCounter`` and
@@ -151,6 +154,9 @@ class GatewayMetrics:
         self.decisions = counter("kvroute_decisions", "Routing decisions", "policy", "reason")
         self.upstream_errors = counter("kvroute_upstream_errors", "Upstream failures", "replica", "kind")
         self.retries = counter("kvroute_retries", "Attempts moved to another replica", "replica")
+        self.retry_budget_exhausted = counter(
+            "kvroute_retry_budget_exhausted", "Retries refused by the retry budget", "route"
+        )
         self.stream_errors = counter("kvroute_stream_errors", "Streams cut after the first byte", "replica")
         self.disconnects = counter("kvroute_client_disconnects", "Clients that left early", "route")
         self.rejections = counter("kvroute_rejections", "Requests refused before routing", "reason")

@@ -10,7 +10,8 @@ chunk by chunk as they arrive: no buffering, no re-encoding, one ``write`` per r
 ``SSESniffer`` watches the stream without changing it: it splits events on blank lines, keeps the
 first event's ``id`` (SGLang's rid, needed to abort) and the last event that carries token counts
 (the usage chunk of OpenAI routes, ``meta_info`` on ``/generate``), and parses that one event at the end.
-Ordinary chunks cost one substring search.
+Ordinary chunks cost one substring search. ``first_event_error`` reads the code of an in-band error
+that a stream begins with (SGLang's way to fail a request it had accepted: the gateway retries it).
 """
 
 from __future__ import annotations
@@ -138,6 +139,20 @@ class SSESniffer:
 
     def usage(self) -> Usage:
         return usage_of(_loads(self._usage_event)) if self._usage_event is not None else Usage()
+
+
+def first_event_error(chunk: bytes) -> int | None:
+    """The code of an in-band error that a stream's first chunk begins with (``data: {"error": ...}``,
+    500 when it names none); None when it begins with anything else or the event is incomplete."""
+    if not chunk.startswith(b'data: {"error"'):
+        return None
+    event, sep, _ = chunk.replace(b"\r\n", b"\n").partition(b"\n\n")
+    doc = _loads(event[5:].strip()) if sep else None
+    error = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(error, dict):
+        return None
+    code = error.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) else 500
 
 
 def body_usage(body: bytes) -> Usage:

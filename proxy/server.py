@@ -53,6 +53,7 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.health_interval,
         on_removed=router.forget,
         on_restart=router.restart,
+        breaker=settings.breaker_policy(),
     )
     metrics = GatewayMetrics(
         lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],
@@ -64,7 +65,7 @@ def build_gateway(settings: Settings) -> Gateway:
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
-    gw.upstream = Upstream(session, gw.settings.request_timeout, gw.settings.connect_timeout)
+    gw.upstream = Upstream(session, gw.settings.connect_timeout)
     try:
         yield
     finally:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from proxy.breaker import BreakerPolicy
+from proxy.deadlines import Deadlines
 from proxy.discovery import parse_dns_server, parse_target
 from proxy.flags import parser
 from proxy.response_store import redacted_url
@@ -52,6 +54,18 @@ class Settings:
     request_timeout: float = 600.0
     connect_timeout: float = 3.0
     retries: int = 2
+    first_byte_timeout: float = 5.0  # the floor of the first-byte deadline (proxy/deadlines.py)
+    first_byte_timeout_factor: float = 4.0  # x the predicted TTFT
+    first_byte_timeout_margin: float = 2.0  # + this many seconds
+    idle_timeout: float = 60.0  # seconds between two chunks of a stream
+    decode_timeout_per_token: float = 0.2  # non-streamed answers: + max_tokens x this
+    breaker_failures: int = 5  # consecutive failed attempts that open a replica's breaker
+    breaker_cooldown: float = 5.0  # its first open period; doubles on each trip in a row
+    breaker_cooldown_max: float = 60.0  # the longest open period
+    retry_backoff: float = 0.025  # full-jitter backoff before retry k: up to this x 2^k
+    retry_backoff_max: float = 0.25  # the cap of that backoff
+    retry_budget: float = 0.2  # retries over 10 s stay under this fraction of the requests
+    retry_budget_floor: float = 3.0  # plus this many retries per second
     no_request_id_headers: bool = False
     log_level: str = "info"
     seed: int = 0
@@ -95,6 +109,19 @@ class Settings:
     @property
     def request_id_headers(self) -> bool:
         return not self.no_request_id_headers
+
+    def deadlines(self) -> Deadlines:
+        return Deadlines(
+            request_timeout=self.request_timeout,
+            first_byte_timeout=self.first_byte_timeout,
+            first_byte_factor=self.first_byte_timeout_factor,
+            first_byte_margin=self.first_byte_timeout_margin,
+            idle_timeout=self.idle_timeout,
+            decode_timeout_per_token=self.decode_timeout_per_token,
+        )
+
+    def breaker_policy(self) -> BreakerPolicy:
+        return BreakerPolicy(self.breaker_failures, self.breaker_cooldown, self.breaker_cooldown_max)
 
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
@@ -175,13 +202,13 @@ def _int(lo: int, hi: int) -> Callable[[object], int]:
     return conv
 
 
-def _float(lo: float) -> Callable[[object], float]:
+def _float(lo: float, inclusive: bool = False) -> Callable[[object], float]:
     def conv(v: object) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float | str):
             raise ValueError(f"expected a number, got {v!r}")
         x = float(v)
-        if not x > lo:
-            raise ValueError(f"expected a number > {lo}, got {x}")
+        if not (x >= lo if inclusive else x > lo):
+            raise ValueError(f"expected a number {'>=' if inclusive else '>'} {lo}, got {x}")
         return x
 
     return conv
@@ -222,6 +249,18 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "request_timeout": _float(0.0),
     "connect_timeout": _float(0.0),
     "retries": _int(0, 10),
+    "first_byte_timeout": _float(0.0),
+    "first_byte_timeout_factor": _float(0.0, inclusive=True),
+    "first_byte_timeout_margin": _float(0.0, inclusive=True),
+    "idle_timeout": _float(0.0),
+    "decode_timeout_per_token": _float(0.0, inclusive=True),
+    "breaker_failures": _int(1, 1000),
+    "breaker_cooldown": _float(0.0),
+    "breaker_cooldown_max": _float(0.0),
+    "retry_backoff": _float(0.0, inclusive=True),
+    "retry_backoff_max": _float(0.0, inclusive=True),
+    "retry_budget": _float(0.0, inclusive=True),
+    "retry_budget_floor": _float(0.0, inclusive=True),
     "no_request_id_headers": _bool,
     "log_level": _choice(LOG_LEVELS),
     "seed": _int(0, (1 << 63) - 1),

@@ -11,13 +11,20 @@ Error classification (what the handler may retry on another replica):
   unreachable=True)`` (the fleet takes the replica out until its next good health check);
 - the connection reset/closed before any response byte (a replica restarting, or a stale keep-alive
   connection): ``UpstreamUnavailable(retryable=True)``;
-- no response headers within ``request_timeout``: ``UpstreamTimeout`` (not retried: the replica may be
-  working on it);
-- anything else during the body: ``UpstreamUnavailable(retryable=False)``.
+- no first byte by the request's first-byte deadline (``proxy/deadlines.py``; the response headers and,
+  for a stream, its first chunk): ``UpstreamTimeout(retryable=True)`` (the caller aborts it on the
+  replica and retries elsewhere, nothing having reached the client);
+- a failure while reading a whole body or a stream's first chunk: ``UpstreamUnavailable(retryable=True)``;
+- a stream idle for ``idle_s`` after its first chunk: ``UpstreamTimeout``; a connection failing after
+  it: ``UpstreamUnavailable(retryable=False)`` (the client already has bytes).
+
+Deadlines are loop times (``asyncio.timeout_at``), not aiohttp's ``sock_read``: one socket read timeout
+cannot tell a long prefill from an idle stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -29,12 +36,10 @@ from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 
 class Upstream:
-    def __init__(
-        self, session: aiohttp.ClientSession, request_timeout: float, connect_timeout: float
-    ) -> None:
+    def __init__(self, session: aiohttp.ClientSession, connect_timeout: float) -> None:
         self.session = session
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=request_timeout
+            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
         )
 
     @staticmethod
@@ -47,18 +52,26 @@ class Upstream:
         )
 
     async def send(
-        self, base_url: str, method: str, path_qs: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        base_url: str,
+        method: str,
+        path_qs: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        deadline: float,
     ) -> aiohttp.ClientResponse:
-        """Sends one request; returns the response once its headers arrived (any status)."""
+        """Sends one request; returns the response once its headers arrived (any status), by the loop
+        time ``deadline``."""
         try:
-            resp = await self.session.request(
-                method,
-                base_url + path_qs,
-                headers=headers,
-                data=body,
-                timeout=self._timeout,
-                allow_redirects=False,
-            )
+            async with asyncio.timeout_at(deadline):
+                resp = await self.session.request(
+                    method,
+                    base_url + path_qs,
+                    headers=headers,
+                    data=body,
+                    timeout=self._timeout,
+                    allow_redirects=False,
+                )
         except aiohttp.ClientConnectorError as e:
             msg = f"replica {base_url} unreachable: {type(e).__name__}"
             raise UpstreamUnavailable(msg, retryable=True, unreachable=True) from e
@@ -67,8 +80,8 @@ class Upstream:
         except aiohttp.ConnectionTimeoutError as e:
             msg = f"replica {base_url}: connect timeout"
             raise UpstreamUnavailable(msg, retryable=True, unreachable=True) from e
-        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise UpstreamTimeout(f"replica {base_url} did not answer in time") from e
+        except TimeoutError as e:
+            raise UpstreamTimeout(f"replica {base_url}: no first byte in time", retryable=True) from e
         except aiohttp.ClientError as e:
             raise UpstreamUnavailable(f"replica {base_url}: {type(e).__name__}: {e}", retryable=False) from e
         if resp.connection is not None and resp.connection.transport is not None:
@@ -76,27 +89,38 @@ class Upstream:
         return resp
 
     @staticmethod
-    async def chunks(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """The response body as it arrives (no buffering); errors become UpstreamError."""
+    async def next_chunk(resp: aiohttp.ClientResponse, deadline: float, first: bool = False) -> bytes:
+        """The next piece of the body as it arrives (b"" at its end), by the loop time ``deadline``;
+        ``first``: nothing of it reached the client yet, so a failure is retryable."""
         try:
-            async for chunk in resp.content.iter_any():
-                yield chunk
-        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise UpstreamTimeout("replica stopped sending (read timeout)") from e
-        except aiohttp.ClientError as e:
+            async with asyncio.timeout_at(deadline):
+                return await resp.content.readany()
+        except TimeoutError as e:
+            what = "no first byte in time" if first else "stream idle too long"
+            raise UpstreamTimeout(f"replica {resp.url.origin()}: {what}", retryable=first) from e
+        except (aiohttp.ClientError, OSError) as e:  # OSError: a reset aiohttp did not wrap
             raise UpstreamUnavailable(
-                f"replica connection failed mid-response: {type(e).__name__}", retryable=False
+                f"replica connection failed mid-response: {type(e).__name__}", retryable=first
             ) from e
 
+    @classmethod
+    async def chunks(cls, resp: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
+        """The rest of a streamed body, each chunk within ``idle_s`` of the previous one."""
+        loop = asyncio.get_running_loop()
+        while chunk := await cls.next_chunk(resp, loop.time() + idle_s):
+            yield chunk
+
     @staticmethod
-    async def read(resp: aiohttp.ClientResponse) -> bytes:
+    async def read(resp: aiohttp.ClientResponse, deadline: float) -> bytes:
+        """A whole body, by the loop time ``deadline`` (nothing of it reached the client: retryable)."""
         try:
-            return await resp.read()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise UpstreamTimeout("replica stopped sending (read timeout)") from e
-        except aiohttp.ClientError as e:
+            async with asyncio.timeout_at(deadline):
+                return await resp.read()
+        except TimeoutError as e:
+            raise UpstreamTimeout(f"replica {resp.url.origin()}: no answer in time", retryable=True) from e
+        except (aiohttp.ClientError, OSError) as e:  # OSError: a reset aiohttp did not wrap
             raise UpstreamUnavailable(
-                f"replica connection failed mid-response: {type(e).__name__}", retryable=False
+                f"replica connection failed mid-response: {type(e).__name__}", retryable=True
             ) from e
 
     async def call(

@@ -94,7 +94,7 @@ async def test_an_unhealthy_replica_keeps_its_last_figures(emulator_server: Emul
     fleet = {emu.url: True}
     scraper = ReplicaScraper(lambda: list(fleet.items()))
     async with aiohttp.ClientSession() as session:
-        up = Upstream(session, 5.0, 5.0)
+        up = Upstream(session, 5.0)
         await scraper.scrape_all(up)
         first = scraper.states[emu.url].last_ok
         await scraper.scrape_all(up)

@@ -249,7 +249,7 @@ async def test_tenants_never_share_an_answer(cached: Stack) -> None:
 
 async def test_failed_and_cut_answers_are_not_stored(cached: Stack) -> None:
     replica = cached.replicas[0]
-    await replica.fault(action="fail", status=500, count=1)
+    await replica.fault(action="fail", status=500, count=3)  # the first attempt and both retries
     assert (await ask(cached.url, CHAT_PATH, chat("fails once")))[0] == 500
     assert (await ask(cached.url, CHAT_PATH, chat("fails once")))[2]["x-kvroute-cache"] == "miss"
     await replica.fault(action="cut_stream", after_chunks=2, count=1)

@@ -81,3 +81,17 @@ def test_validation_names_the_key(
 def test_serve_rejects_bad_settings(capsys: pytest.CaptureFixture[str]) -> None:
     assert serve_main(["--port", "-1"]) == 2
     assert "'port'" in capsys.readouterr().err
+
+
+def test_fault_settings_reach_the_deadlines_breaker_and_budget(tmp_path: Path) -> None:
+    cfg = tmp_path / "k.toml"
+    cfg.write_text("idle_timeout = 9\nbreaker_cooldown = 2.5\n")
+    env = {"KVROUTE_FIRST_BYTE_TIMEOUT": "1.5", "KVROUTE_RETRY_BUDGET": "0"}
+    s = load_settings(["--config", str(cfg), "--breaker-failures", "3"], env=env)
+    d = s.deadlines()
+    assert (d.first_byte_timeout, d.idle_timeout, d.request_timeout) == (1.5, 9.0, 600.0)
+    assert (s.breaker_policy().failures, s.breaker_policy().cooldown_s) == (3, 2.5)
+    assert s.retry_budget == 0.0
+    for bad in (["--breaker-failures", "0"], ["--idle-timeout", "0"], ["--retry-budget", "-1"]):
+        with pytest.raises(SettingsError, match=bad[0][2:].replace("-", "_")):
+            load_settings(bad, env={})

@@ -1,0 +1,110 @@
+"""Fault handling through the gateway on in-process emulated replicas: a hung replica is detected by the
+first-byte deadline, aborted and retried elsewhere, and its breaker opens; an idle stream ends with
+one SSE error event; the retry budget returns the replica's error instead of retrying; a replica that
+restarted with its cache lost is used again as soon as it is healthy."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+
+from proxy.breaker import BreakerState
+from tests.proxy.conftest import EMU_FLAGS, MODEL, Stack, StackFactory, wait_for
+
+FAST = {  # deadlines for a fleet whose modelled time runs 100x faster
+    "first_byte_timeout": 0.3,
+    "first_byte_timeout_margin": 0.1,
+    "decode_timeout_per_token": 0.01,
+}
+
+
+def chat(text: str, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return (
+        {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+        | ({"stream": True} if stream else {})
+        | extra
+    )
+
+
+async def ask(url: str, body: dict[str, Any]) -> tuple[int, list[bytes], str]:
+    """(status, the body's SSE data lines or the whole body, the replica that answered)."""
+    async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=body) as r:
+        raw = await r.read()
+        replica = r.headers.get("x-kvroute-replica", "")
+    if body.get("stream"):
+        return r.status, [ln[6:] for ln in raw.split(b"\n") if ln.startswith(b"data: ")], replica
+    return r.status, [raw], replica
+
+
+def breaker(stack: Stack, url: str) -> BreakerState:
+    replica = stack.gw.fleet.get(url)
+    assert replica is not None
+    return replica.breaker.state(time.monotonic())
+
+
+async def test_a_hung_replica_is_aborted_retried_elsewhere_and_ejected(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=2, breaker_failures=2, breaker_cooldown=60.0, **FAST)
+    hung, good = stack.replicas
+    await hung.fault(action="hang", count=2)
+    rids = [f"client-rid-{i}" for i in range(4)]
+    answers = [await ask(stack.url, chat(f"q{i}", stream=i % 2 == 0, rid=rids[i])) for i in range(4)]
+    assert all(status == 200 for status, _, _ in answers)
+    assert all(lines[-1] == b"[DONE]" for status, lines, _ in answers[::2])
+    assert {replica for _, _, replica in answers} == {good.url}  # the two that hung were retried
+    await wait_for(lambda: len(hung.replica.aborts.to_json()["rids"]) == 2)  # type: ignore[arg-type]
+    assert set(hung.replica.aborts.to_json()["rids"]) <= set(rids)  # type: ignore[arg-type]
+    assert breaker(stack, hung.url) is BreakerState.OPEN
+    assert f'kvroute_replica_breaker_state{{replica="{hung.url}"}} 2' in stack.metrics()
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+        doc = await r.json()
+    assert {r["id"]: r["breaker"]["state"] for r in doc["replicas"]}[hung.url] == "open"
+
+
+async def test_a_stream_idle_after_its_first_byte_ends_with_one_sse_error(
+    stack_factory: StackFactory,
+) -> None:
+    stack = await stack_factory(n=1, idle_timeout=0.03, first_byte_timeout=30.0)
+    await stack.replicas[0].fault(action="slow", factor=400)  # 25 ms per token x 400 x 0.01: 100 ms
+    status, lines, _ = await ask(stack.url, chat("slow", stream=True))
+    assert status == 200 and lines[-1] != b"[DONE]"
+    error = orjson.loads(lines[-1])["error"]
+    assert error["code"] == "upstream_timeout" and "idle" in error["message"]
+    assert sum(b'"error"' in ln for ln in lines) == 1
+    assert "kvroute_stream_errors_total" in stack.metrics()
+
+
+async def test_an_empty_retry_budget_relays_the_replicas_own_error(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=2, retry_budget=0.0, retry_budget_floor=0.0)
+    for r in stack.replicas:
+        await r.fault(action="fail", status=503, count=1)
+    status, body, _ = await ask(stack.url, chat("no retry"))
+    assert status == 503 and b"Emulated fault" in body[0]
+    assert 'kvroute_retry_budget_exhausted_total{route="chat"} 1' in stack.metrics()
+
+
+async def test_a_restarted_replica_is_used_again_as_soon_as_it_is_healthy(
+    stack_factory: StackFactory,
+) -> None:
+    stack = await stack_factory(n=2, breaker_failures=2, breaker_cooldown=60.0)
+    sick, good = stack.replicas
+    await sick.fault(action="fail", status=500, count=2)
+    replicas = [(await ask(stack.url, chat(f"q{i}")))[2] for i in range(4)]
+    assert set(replicas) == {good.url} and breaker(stack, sick.url) is BreakerState.OPEN
+    await stack.emulators.stop(sick)
+    fresh = await stack.emulators(*EMU_FLAGS, port=sick.port)  # a new process: its cache is empty
+    await wait_for(lambda: breaker(stack, sick.url) is BreakerState.CLOSED)
+    replicas = [(await ask(stack.url, chat(f"r{i}")))[2] for i in range(4)]
+    assert sick.url in replicas and await fresh.served() >= 1
+
+
+async def test_breakers_never_eject_more_than_half_of_the_fleet(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=2, breaker_failures=1, breaker_cooldown=60.0)
+    for r in stack.replicas:
+        await r.fault(action="fail", status=500, count=4)
+    statuses = [(await ask(stack.url, chat(f"q{i}")))[0] for i in range(3)]
+    assert 500 in statuses or 502 in statuses  # the request itself fails everywhere
+    states = [breaker(stack, url) for url in stack.urls]
+    assert states.count(BreakerState.OPEN) == 1 and BreakerState.CLOSED in states

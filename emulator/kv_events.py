@@ -21,7 +21,9 @@ stand-in for "every 40 decode steps and the idle self-check": 40 single-sequence
 profile, times the time scale, so expect that much lag for events of finishing requests and of
 evictions outside a prefill), and at once after a flush or restart (``AllBlocksCleared``). The
 ``hwm`` is the PUB send high-water mark; ``max_queue_size`` is accepted and ignored (no publisher
-thread here).
+thread here). The emulator's "restart" fault keeps the sockets, the sequence and the replay buffer
+(a real restart is a new process whose publisher starts again at seq 0): subscribers see it as an
+``AllBlocksCleared`` batch. ``/server_info`` reports this replica's config as ``kv_events_config``.
 """
 
 from __future__ import annotations

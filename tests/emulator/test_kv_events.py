@@ -199,6 +199,9 @@ async def test_a_request_stores_one_block_per_page_with_chained_hashes(emulator:
     assert {(b.block_size, b.medium, b.lora_id) for b in blocks} == {(PAGE, "GPU", None)}
     assert {b.encoding for b in sub.batches[start:]} == {"array"}
     assert all(f[0] == b"kv" for f in sub.frames)
+    async with emu.http.get(emu.url + "/server_info") as resp:
+        announced = json.loads((await resp.json())["kv_events_config"])
+    assert announced["endpoint"] == f"tcp://127.0.0.1:{sub.port}" and announced["topic"] == "kv"
     seqs = [b.seq for b in sub.batches]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     # a continuation stores only its new pages, chained from the prompt's last page

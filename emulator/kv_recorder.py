@@ -18,7 +18,8 @@ What fires, per encoding (``FORMATS``):
   when it leaves the tree (deleted from GPU, or freed from host: still labelled "GPU"); demotion to host,
   a host backup and a load-back emit nothing (the block stays "stored" while any tier holds it).
 - ``0.5.23`` (tagged maps): ``BlockStored GPU`` when a node reaches GPU (its first insert, a load-back,
-  a prefetch), ``BlockStored CPU_PINNED`` when a backup lands on host, ``BlockRemoved GPU`` when it
+  a storage prefetch: the emulated one lands on GPU directly, so no ``CPU_PINNED`` store precedes it
+  as in SGLang), ``BlockStored CPU_PINNED`` when a backup lands on host, ``BlockRemoved GPU`` when it
   leaves GPU (eviction or demotion), ``BlockRemoved CPU_PINNED`` when its host copy is freed. A node in a
   cache namespace (``cache_salt`` / ``extra_key``) has namespaced hashes, ``int64(SHA-256(seed ‖ hash as
   8-byte big-endian)[:8])`` with ``seed = SHA-256("sglang-kv-event-namespace-v1" ‖ namespace as UTF-8)``,

@@ -128,22 +128,17 @@ class KvRecorder:
         parent, p = self._parent_hash(node), self.page
         for i, h in enumerate(self._hashes(node)):
             tokens = list(node.key[i * p : (i + 1) * p])
-            if self.tagged_maps:
-                event: Any = {
-                    "type": "BlockStored",
-                    "block_hashes": [h],
-                    "parent_block_hash": parent,
-                    "token_ids": tokens,
-                    "block_size": len(tokens),
-                    "lora_id": None,
-                    "medium": medium,
-                }
-                if node.ns is not None:
-                    event["cache_salt"] = node.ns
-            else:
-                event = ["BlockStored", [h], parent, tokens, len(tokens), None, GPU]
-            self.events.append(event)
+            self.events.append(self._stored_event(h, parent, tokens, medium, node.ns))
             parent = h
+
+    def _stored_event(
+        self, h: int, parent: int | None, tokens: list[int], medium: str, ns: str | None
+    ) -> Any:
+        if not self.tagged_maps:
+            return ["BlockStored", [h], parent, tokens, len(tokens), None, GPU]
+        event = {"type": "BlockStored", "block_hashes": [h], "parent_block_hash": parent, "token_ids": tokens}
+        event |= {"block_size": len(tokens), "lora_id": None, "medium": medium}
+        return event if ns is None else event | {"cache_salt": ns}
 
     def _removed(self, node: Node, medium: str) -> None:
         for h in self._hashes(node):

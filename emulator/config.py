@@ -3,7 +3,9 @@
 SGLang's own flag names (and 0.5.10 defaults) for everything the emulator models, so the relevant part of
 a real SGLang launch line works unchanged. Any other `--flag [value]` is accepted and ignored with one
 warning line per flag (collected in `ignored_flags`; the CLI prints them). Emulator-only flags start with
-`--emu-`. The hardware profile (`--emu-profile`, emulator/timing.py) sets the timing and, unless
+`--emu-`. `--kv-events-config` (SGLang's JSON) publishes KV events over ZMQ, in the encoding
+`--emu-kv-events-format` picks (emulator/kv_events.py, emulator/kv_recorder.py). The hardware profile
+(`--emu-profile`, emulator/timing.py) sets the timing and, unless
 `--emu-gpu-kv-tokens` / `--emu-kv-bytes-per-token` say otherwise, the GPU KV pool and the KV size of a
 token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
 
@@ -28,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from emulator.kv_events import KvEventsConfig
+from emulator.kv_recorder import FORMATS as KV_EVENT_FORMATS
 from emulator.timing import PROFILES
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
@@ -87,11 +91,22 @@ class EmulatorConfig:
     emu_enable_faults: bool = False
     emu_debug: bool = False
     emu_seed: int = 0
+    kv_events: KvEventsConfig | None = None
+    emu_kv_events_format: str = "0.5.10"
+    replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
     ignored_flags: tuple[str, ...] = field(default=())
 
     def with_port(self, port: int) -> EmulatorConfig:
         """The config of the replica on `port` (one app per port)."""
-        return replace(self, ports=(port,))
+        index = self.replica_index + (self.ports.index(port) if port in self.ports else 0)
+        return replace(self, ports=(port,), replica_index=index)
+
+    @property
+    def replica_kv_events(self) -> KvEventsConfig | None:
+        """This replica's KV-event endpoints when publishing is on (ports offset by replica_index)."""
+        if self.kv_events is None or not self.kv_events.enabled:
+            return None
+        return self.kv_events.for_replica(self.replica_index)
 
     @property
     def gpu_tokens(self) -> int:
@@ -196,6 +211,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--emu-enable-faults", action="store_true")
     add("--emu-debug", action="store_true")
     add("--emu-seed", type=int, default=0)
+    add("--kv-events-config", default=None, help="SGLang's KV-event publisher, JSON (emulator/kv_events.py)")
+    add(
+        "--emu-kv-events-format",
+        choices=KV_EVENT_FORMATS,
+        default="0.5.10",
+        help="KV-event encoding: 0.5.10 positional arrays (GPU only) or 0.5.23 tagged maps with tiers",
+    )
     return p
 
 
@@ -236,6 +258,10 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
     if ns.time_scale <= 0:
         raise SystemExit("kvroute emulate: --emu-time-scale must be > 0")
     profile = PROFILES[ns.emu_profile]
+    try:
+        kv_events = None if ns.kv_events_config is None else KvEventsConfig.parse(ns.kv_events_config)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"kvroute emulate: {exc}") from exc
     cfg = EmulatorConfig(
         host=ns.host,
         ports=_ports(ns),
@@ -282,6 +308,8 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         emu_enable_faults=ns.emu_enable_faults,
         emu_debug=ns.emu_debug,
         emu_seed=ns.emu_seed,
+        kv_events=kv_events,
+        emu_kv_events_format=ns.emu_kv_events_format,
         ignored_flags=_ignored(rest),
     )
     return cfg

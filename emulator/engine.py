@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import traceback
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from emulator.radix import RadixCache
 from emulator.tickets import (
@@ -80,6 +80,7 @@ class Engine:
         self._step_ends: dict[Ticket, int] = {}  # prefill position each request reaches at step end
         self._wake = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self.after_prefill: Callable[[], None] | None = None  # publishes KV events (emulator/kv_events.py)
 
     # ---- public API -------------------------------------------------------------------------
     def submit(self, work: Work, arrival: float | None = None) -> Ticket:
@@ -276,6 +277,8 @@ class Engine:
                 self.prefilling.remove(ticket)
                 self.decoding.add(ticket)
                 self._spawn(ticket, self.step_end)
+        if self.after_prefill is not None:
+            self.after_prefill()
 
     def _cache_unfinished(self, ticket: Ticket, end: int) -> None:
         """SGLang's ``cache_unfinished_req`` after a forward: insert the prompt computed so far, so requests

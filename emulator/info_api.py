@@ -3,12 +3,15 @@
 /server_info is every server arg flattened at the top level plus the scheduler handshake
 (`status`, `max_total_num_tokens`, `max_req_input_len`), `internal_states[0]` (the args again plus
 `memory_usage {weight, kvcache GiB, token_capacity, graph}`), `version` and `startup_time` (which changes
-on an emulated restart). /health answers after a modelled 1 s (the real one polls once a second).
+on an emulated restart). `kv_events_config` is the replica's own publisher config as JSON (or null).
+/health answers after a modelled 1 s (the real one polls once a second).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import time
 from typing import Any
 
@@ -53,7 +56,7 @@ def server_args(replica: Replica) -> dict[str, Any]:
         "radix_eviction_policy": "lru",
         "enable_cache_report": c.enable_cache_report,
         "enable_metrics": c.enable_metrics,
-        "kv_events_config": None,
+        "kv_events_config": kv_events_config(replica),
         "tp_size": c.tp_size,
         "dp_size": c.dp_size,
         "enable_dp_attention": False,
@@ -68,6 +71,15 @@ def server_args(replica: Replica) -> dict[str, Any]:
         "incremental_streaming_output": False,
         "enable_streaming_session": False,
     }
+
+
+def kv_events_config(replica: Replica) -> str | None:
+    """The --kv-events-config JSON as this replica runs it (SGLang reports the flag's string): every
+    field, with this replica's endpoints (the ports offset by its index among --replicas)."""
+    c = replica.cfg
+    if c.kv_events is None:
+        return None
+    return json.dumps(dataclasses.asdict(c.kv_events.for_replica(c.replica_index)))
 
 
 def memory_usage(replica: Replica) -> dict[str, Any]:

@@ -37,6 +37,9 @@ demoted (GPU pages freed, host copy kept); under write_back an un-backed-up one 
 otherwise it is deleted. Host eviction deletes host-only leaves in LRU order. A backup that finds no host
 room after host eviction fails (the node stays GPU-only). With storage, every host backup is also written
 through to storage. Recurrent-state anchors (hybrid GDN/Mamba models) live in ``emulator/hybrid.py``.
+
+KV events (``--kv-events-config``): the tree tells a ``KvRecorder`` (``emulator/kv_recorder.py``) when a
+node reaches or leaves a tier, and ``flush`` / ``restart`` queue ``AllBlocksCleared``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import xxhash
 
 from emulator.cache_values import Admission, CacheConfig, CacheStats, Lock, MatchResult
 from emulator.hybrid import Anchors
+from emulator.kv_recorder import KvRecorder
 from emulator.radix_lookup import Lookup, Lookups
 from emulator.radix_node import Node
 from emulator.radix_tree import Tree
@@ -58,8 +62,9 @@ __all__ = ["Admission", "CacheConfig", "CacheStats", "MatchResult", "RadixCache"
 class RadixCache:
     """One replica's KV cache. See the module docstring for the algorithm."""
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, events: KvRecorder | None = None) -> None:
         self.cfg = config
+        self.events = events
         self.page = config.page_size
         self._gpu_cap = config.gpu_tokens // self.page
         self._host_cap = config.host_tokens // self.page if config.hicache else 0
@@ -153,11 +158,15 @@ class RadixCache:
         if self._active:
             return False
         self._reset()
+        if self.events is not None:
+            self.events.cleared()
         return True
 
     def restart(self) -> None:
         self._generation += 1
         self._reset()
+        if self.events is not None:
+            self.events.cleared()
 
     def stats(self) -> CacheStats:
         p, t = self.page, self._totals
@@ -303,7 +312,7 @@ class RadixCache:
 
     # ---- state ------------------------------------------------------------------------------------
     def _reset(self) -> None:
-        self.tree = Tree(self.page, self._gpu_cap, self._host_cap)
+        self.tree = Tree(self.page, self._gpu_cap, self._host_cap, events=self.events)
         self.anchors = Anchors(self.cfg, self._evict_leaf, self.tree.delete)
         self.tree.watcher = self.anchors
         self.lookups = Lookups(self.cfg, self.tree, self.anchors)

@@ -1,7 +1,8 @@
 """Building blocks of the emulated radix tree: ``Node`` (one edge) and ``LruIndex`` (eviction order).
 
 - ``Node``: one radix-tree edge (a run of whole pages) with its tier flags, lock count, hit count, LRU
-  clock and (hybrid models) recurrent-state anchors on GPU / host.
+  clock, (hybrid models) recurrent-state anchors on GPU / host, and the page digests its KV events
+  name it by (when events are published).
 - ``LruIndex``: a min-heap of nodes by last access with lazy deletion. Membership is explicit (``add`` /
   ``discard``); a node touched again is re-pushed and its old entry becomes stale. ``pop`` returns the
   least recently used member in O(log n) amortised; the heap is rebuilt when stale entries outnumber
@@ -35,6 +36,8 @@ class Node:
     mamba_host: bool = False
     mamba_lock: int = 0  # running requests resuming from this node's anchor
     hashes: tuple[PageHash, ...] = ()
+    ns: str | None = None  # the cache namespace (extra_key) of the root it hangs from
+    ev_hashes: tuple[bytes, ...] = ()  # KV-event page digests (emulator/kv_recorder.py), once published
 
     @property
     def start(self) -> int:

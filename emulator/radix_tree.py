@@ -4,7 +4,8 @@ Every change of a node's tier, lock or access time goes through ``Tree``, so the
 pages, host pages, reserved pages, unlocked GPU pages) and the two eviction indexes (unlocked GPU
 leaves; unlocked host-only leaves, both ``LruIndex``) stay exact without any scan. GPU residency is
 tree-closed (a GPU node's ancestors are on GPU); so is presence in the tree. A ``NodeWatcher`` (the
-hybrid anchor pools) hears about every node change.
+hybrid anchor pools) hears about every node change; ``TreeEvents`` (the KV-event recorder,
+``emulator/kv_recorder.py``, when events are published) hears when a node goes onto or off a tier.
 
 Matching an edge (``_common_pages``) compares slices of about ``_CHUNK`` tokens, then binary-searches the
 first differing chunk: work proportional to the shared length.
@@ -27,15 +28,34 @@ class NodeWatcher(Protocol):
     def forget(self, node: Node) -> None: ...
 
 
+class TreeEvents(Protocol):
+    """Told when a node reaches GPU, leaves GPU but stays (demotion), reaches host, or leaves the tree."""
+
+    def gpu_on(self, node: Node) -> None: ...
+
+    def gpu_off(self, node: Node) -> None: ...
+
+    def host_on(self, node: Node) -> None: ...
+
+    def deleted(self, node: Node) -> None: ...
+
+
 class Tree:
     """Nodes and pool accounting. Every change of a node's tier, lock or access time goes through here,
     so the page counters (GPU tree pages, host pages, reserved pages, unlocked GPU pages) and the two
     eviction indexes (unlocked GPU leaves; unlocked host-only leaves) stay exact without any scan.
     GPU residency is tree-closed (a GPU node's ancestors are on GPU); so is presence in the tree."""
 
-    def __init__(self, page: int, gpu_cap: int, host_cap: int, watcher: NodeWatcher | None = None) -> None:
+    def __init__(
+        self,
+        page: int,
+        gpu_cap: int,
+        host_cap: int,
+        watcher: NodeWatcher | None = None,
+        events: TreeEvents | None = None,
+    ) -> None:
         self.page, self.gpu_cap, self.host_cap = page, gpu_cap, host_cap
-        self.watcher = watcher
+        self.watcher, self.events = watcher, events
         self.roots: dict[str | None, Node] = {}
         self.gpu_pages = self.host_pages = self.reserved = self.evictable = 0
         self.gpu_lru, self.host_lru = LruIndex(), LruIndex()
@@ -56,7 +76,7 @@ class Tree:
     def root(self, extra_key: str | None) -> Node:
         root = self.roots.get(extra_key)
         if root is None:
-            root = self.roots[extra_key] = Node(self._next_uid(), None, (), 0, gpu=True)
+            root = self.roots[extra_key] = Node(self._next_uid(), None, (), 0, gpu=True, ns=extra_key)
         return root
 
     def walk(self, root: Node | None, key: tuple[int, ...]) -> tuple[list[Node], Node | None, int]:
@@ -75,7 +95,7 @@ class Tree:
         return path, None, 0
 
     def new_node(self, parent: Node, key: tuple[int, ...], hashes: tuple[PageHash, ...]) -> Node:
-        node = Node(self._next_uid(), parent, key, parent.depth + len(key), hashes=hashes)
+        node = Node(self._next_uid(), parent, key, parent.depth + len(key), hashes=hashes, ns=parent.ns)
         parent.children[key[: self.page]] = node
         self.touch(node)
         return node
@@ -87,6 +107,7 @@ class Tree:
         top = Node(self._next_uid(), parent, node.key[:n], node.start + n, gpu=node.gpu, host=node.host)
         top.lock_ref, top.last_access, top.hit_count = node.lock_ref, node.last_access, node.hit_count
         top.hashes, node.hashes = node.hashes[:pages], node.hashes[pages:]
+        top.ev_hashes, node.ev_hashes, top.ns = node.ev_hashes[:pages], node.ev_hashes[pages:], node.ns
         top.gpu_children = int(node.gpu)
         node.key, node.parent = node.key[n:], top
         top.children[node.key[: self.page]] = node
@@ -105,12 +126,16 @@ class Tree:
             node.parent.gpu_children += sign
             self.refresh(node.parent)
         self.refresh(node)
+        if self.events is not None:
+            (self.events.gpu_on if on else self.events.gpu_off)(node)
 
     def set_host(self, node: Node) -> None:
         if not node.host:
             node.host = True
             self.host_pages += self.pages(node)
             self.refresh(node)
+            if self.events is not None:
+                self.events.host_on(node)
 
     def lock(self, node: Node) -> None:
         """Lock ``node`` and every ancestor (a lock pins a whole path)."""
@@ -152,6 +177,8 @@ class Tree:
             self.host_pages -= self.pages(n) if n.host else 0
             if self.watcher is not None:
                 self.watcher.forget(n)
+            if self.events is not None:
+                self.events.deleted(n)
             self.gpu_lru.discard(n)
             self.host_lru.discard(n)
         self.refresh(parent)

@@ -1,11 +1,11 @@
 """One emulated replica: its cache, engine, metrics, faults and debug logs, and the life of one request.
 
 `Replica.build(cfg, port)` wires the pure pieces together (CacheConfig from the flags, the timing profile,
-the engine limits). Route handlers turn a parsed request into a `Job`, sample its outputs, call
-`Replica.open(request, job, completions)` and read `Run.events()`; leaving the `Run` context before the
-request finished (client gone: aiohttp cancels the handler) aborts it in the engine and counts it in
-num_aborted_requests_total, as SGLang does. Streams are written by sse.py, faults applied by
-fault_hook.py.
+the engine limits, and with --kv-events-config the KV-event recorder and publisher). Route handlers turn
+a parsed request into a `Job`, sample its outputs, call `Replica.open(request, job, completions)` and
+read `Run.events()`; leaving the `Run` context before the request finished (client gone: aiohttp cancels
+the handler) aborts it in the engine and counts it in num_aborted_requests_total, as SGLang does.
+Streams are written by sse.py, faults applied by fault_hook.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from aiohttp import web
 from emulator.config import EmulatorConfig
 from emulator.engine import Engine
 from emulator.faults import Faults
+from emulator.kv_events import KvEventPublisher
+from emulator.kv_recorder import KvRecorder
 from emulator.metrics import Metrics
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
@@ -71,6 +73,20 @@ def cache_config(cfg: EmulatorConfig, port: int) -> CacheConfig:
     )
 
 
+DECODE_LOG_INTERVAL = 40
+"""SGLang publishes queued KV events on the decode stats path every 40 decode steps."""
+
+
+def kv_recorder(cfg: EmulatorConfig) -> KvRecorder | None:
+    """The KV-event recorder of a replica, or None when it publishes nothing: no publisher, no radix cache
+    (SGLang's ChunkCache has no events), or a hybrid model in the 0.5.10 encoding (its caches queue none)."""
+    if cfg.replica_kv_events is None or cfg.disable_radix_cache:
+        return None
+    if cfg.emu_hybrid and cfg.emu_kv_events_format == "0.5.10":
+        return None
+    return KvRecorder(cfg.page_size, cfg.emu_kv_events_format)
+
+
 @dataclass(eq=False, slots=True)
 class Replica:
     cfg: EmulatorConfig
@@ -84,6 +100,7 @@ class Replica:
     unhealthy_until: float = 0.0  # loop time until which /health answers 503 (after a restart)
     requests: RequestLog = field(default_factory=RequestLog)  # filled only with --emu-debug
     aborts: AbortLog = field(default_factory=AbortLog)  # rids named by /abort_request calls
+    kv_events: KvEventPublisher | None = None  # --kv-events-config (started by the server)
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
@@ -98,16 +115,30 @@ class Replica:
             share_prefixes=not cfg.disable_radix_cache,
             page_size=cfg.page_size,
         )
-        engine = Engine(RadixCache(cache_config(cfg, port)), timing, limits, metrics)
+        recorder = kv_recorder(cfg)
+        engine = Engine(RadixCache(cache_config(cfg, port), recorder), timing, limits, metrics)
         seed = cfg.emu_seed or cfg.random_seed
-        return cls(cfg, port, tokenizer, Sampler(tokenizer, seed), engine, metrics, Faults())
+        replica = cls(cfg, port, tokenizer, Sampler(tokenizer, seed), engine, metrics, Faults())
+        events_cfg = cfg.replica_kv_events
+        if events_cfg is not None:
+            take = recorder.take if recorder is not None else list
+            interval = DECODE_LOG_INTERVAL * timing.decode_token_seconds(1) * cfg.time_scale
+            replica.kv_events = KvEventPublisher(events_cfg, take, interval)
+            engine.after_prefill = replica.kv_events.flush
+        return replica
 
     @property
     def address(self) -> str:
         return f"{self.cfg.host}:{self.port}"
 
+    def publish_kv_events(self) -> None:
+        """Publish the queued KV events now (after a flush or a restart: AllBlocksCleared)."""
+        if self.kv_events is not None:
+            self.kv_events.flush()
+
     def restart(self) -> None:
         self.engine.restart()
+        self.publish_kv_events()
         self.startup_time = time.time()
         self.unhealthy_until = asyncio.get_running_loop().time() + self.cfg.time_scale
 

@@ -10,9 +10,11 @@ Routes (SGLang 0.5.10 names; see info_api, openai_api, native_api for the shapes
     GET  /_emu/state, /_emu/requests[?path=P], POST /_emu/predict   only with --emu-debug
     GET|POST /_emu/faults                only with --emu-enable-faults
 
-The engine runs as a task owned by a cleanup_ctx. Runners use handler_cancellation so that a client that
-goes away cancels its handler, which aborts the request in the engine (as SGLang notices a dropped
-connection); an abort through /abort_request is counted the same way (num_aborted_requests_total).
+The engine runs as a task owned by a cleanup_ctx (which also opens and closes the KV-event publisher's
+sockets with --kv-events-config, emulator/kv_events.py; /flush_cache publishes AllBlocksCleared).
+Runners use handler_cancellation so that a client that goes away cancels its handler, which aborts the
+request in the engine (as SGLang notices a dropped connection); an abort through /abort_request is
+counted the same way (num_aborted_requests_total).
 
 The frame middleware wraps every route: arrival time, the API key, the request log (--emu-debug, see
 request_log.py), the connection-level faults (a reset before any byte on generation routes, failing
@@ -103,15 +105,21 @@ async def _guarded(
 
 
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    task = asyncio.create_task(app[REPLICA].engine.run())
+    replica = app[REPLICA]
+    if replica.kv_events is not None:
+        await replica.kv_events.start()
+    task = asyncio.create_task(replica.engine.run())
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    if replica.kv_events is not None:
+        await replica.kv_events.close()
 
 
 async def flush_cache(request: web.Request) -> web.Response:
     if request.app[REPLICA].engine.flush():
+        request.app[REPLICA].publish_kv_events()
         text = "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"  # noqa: E501
         return web.Response(text=text)
     text = "Cache not flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n"  # noqa: E501

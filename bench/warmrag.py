@@ -116,28 +116,19 @@ async def get_warmup(gateway: str, job: str) -> dict[str, Any]:
     return answer
 
 
-def warmup_flags(time_scale: float) -> tuple[str, ...]:
-    """The gateway's warm-up time constants (wall seconds) at the emulator's clock: a replica that runs
-    `time_scale` times faster than modelled time gets steps and quiet spells that mean the same
-    modelled seconds as the defaults mean on a real replica."""
-    defaults = {"--warmup-quiet": 1.0, "--warmup-step": 0.15, "--warmup-idle-step": 0.5}
-    return tuple(x for flag, v in defaults.items() for x in (flag, f"{v * time_scale:g}"))
-
-
 class Stack:
     """A fresh emulated fleet and one kvroute gateway in front of it (stopped by PID on exit)."""
 
     def __init__(self, spec: FleetSpec, logs: Path, extra: tuple[str, ...] = ()) -> None:
         self.fleet = EmulatorFleet(spec.replicas, [*spec.args(SEED), *extra], logs / "emulator.log")
-        self.spec, self.logs = spec, logs
+        self.logs = logs
         self.gateway: ManagedProcess | None = None
         self.url = ""
 
     async def __aenter__(self) -> Stack:
         await self.fleet.__aenter__()
         try:
-            system = kvroute("cost", *warmup_flags(self.spec.time_scale))
-            self.gateway = system_process(system, self.fleet.urls, self.logs / "gateway.log")
+            self.gateway = system_process(kvroute("cost"), self.fleet.urls, self.logs / "gateway.log")
             await self.gateway.__aenter__()
         except BaseException:
             await asyncio.to_thread(self.fleet.close)

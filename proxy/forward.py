@@ -26,10 +26,11 @@ response cache's capture (``proxy/response_capture.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 from aiohttp import web
@@ -61,7 +62,6 @@ from routing.types import Decision, ReplicaId
 __all__ = ["Tap", "forward", "request_id"]
 log = logging.getLogger("kvroute.forward")
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
-ABORT_TIMEOUT_S = 2.0
 
 
 def request_id(request: web.Request) -> str:
@@ -145,14 +145,8 @@ async def _try(
     can_retry: bool,
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
-    try:
+    with _watched(gw, a, None, parsed):
         resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.deadline)
-    except UpstreamError as e:
-        _upstream_failed(gw, a, e, None, parsed.rid)
-        raise
-    except asyncio.CancelledError:
-        _client_gone(gw, a, None, parsed.rid, parsed.route.value)
-        raise
     try:
         if resp.status >= 500:
             a.failed(f"HTTP {resp.status}")
@@ -163,14 +157,8 @@ async def _try(
         out_headers = response_headers(resp.headers, extra)
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             return await _relay_sse(request, gw, a, resp, out_headers, parsed)
-        try:
+        with _watched(gw, a, resp, parsed):
             body = await gw.up.read(resp, a.deadline)
-        except UpstreamError as e:
-            _upstream_failed(gw, a, e, resp, parsed.rid)
-            raise
-        except asyncio.CancelledError:
-            _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
-            raise
         a.whole_body()
         a.ok = resp.status < 400
         if resp.status < 500:
@@ -197,19 +185,29 @@ def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:
 
 async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, parsed: ParsedRequest) -> bytes:
     """A stream's first chunk, by the attempt's deadline: until it came, the request can move on."""
-    try:
+    with _watched(gw, a, resp, parsed):
         chunk = await gw.up.next_chunk(resp, a.deadline, first=True)
         if not chunk:
             raise UpstreamUnavailable("stream ended before its first byte", retryable=True)
         if (code := first_event_error(chunk)) is not None and code >= 500:
             raise UpstreamUnavailable(f"stream began with an error event ({code})", retryable=True)
+    return chunk
+
+
+@contextlib.contextmanager
+def _watched(
+    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, parsed: ParsedRequest
+) -> Iterator[None]:
+    """Before a byte reached the client: a replica failure is counted (and a timed-out request
+    abandoned), a client that left closes the upstream request; both propagate."""
+    try:
+        yield
     except UpstreamError as e:
         _upstream_failed(gw, a, e, resp, parsed.rid)
         raise
     except asyncio.CancelledError:
         _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
         raise
-    return chunk
 
 
 async def _relay_sse(
@@ -270,7 +268,7 @@ def _abandon(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: 
     if resp is not None:
         resp.close()
     if rid is not None:
-        gw.background.spawn(_abort(gw, a.replica, rid))
+        gw.background.spawn(gw.up.abort(a.replica, rid))
 
 
 def _client_gone(
@@ -278,10 +276,3 @@ def _client_gone(
 ) -> None:
     gw.metrics.disconnects.labels(route).inc()
     _abandon(gw, a, resp, rid)
-
-
-async def _abort(gw: Gateway, replica: ReplicaId, rid: str) -> None:
-    try:
-        await gw.up.call(replica, "POST", "/abort_request", ABORT_TIMEOUT_S, json={"rid": rid})
-    except UpstreamError as e:
-        log.info("abort of a request on %s failed: %s", replica, e.message)

@@ -25,6 +25,7 @@ cannot tell a long prefill from an idle stream.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -33,6 +34,9 @@ import orjson
 from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+log = logging.getLogger("kvroute.upstream")
+ABORT_TIMEOUT_S = 2.0
 
 
 class Upstream:
@@ -152,6 +156,13 @@ class Upstream:
             raise UpstreamTimeout(f"replica {base_url}{path}: timeout") from e
         except aiohttp.ClientError as e:
             raise UpstreamUnavailable(f"replica {base_url}{path}: {type(e).__name__}", retryable=True) from e
+
+    async def abort(self, base_url: str, rid: str) -> None:
+        """``POST /abort_request {"rid"}`` (contract §1.1); a failure is logged, never raised."""
+        try:
+            await self.call(base_url, "POST", "/abort_request", ABORT_TIMEOUT_S, json={"rid": rid})
+        except UpstreamError as e:
+            log.info("abort of %s on %s failed: %s", rid, base_url, e.message)
 
     async def get_json(self, base_url: str, path: str, timeout_s: float) -> Any:
         status, body = await self.call(base_url, "GET", path, timeout_s)

@@ -45,7 +45,6 @@ from routing.types import ReplicaId, Report, RoutingRequest
 
 log = logging.getLogger("kvroute.warmup")
 STEP_TIMEOUT_S = 600.0
-ABORT_TIMEOUT_S = 2.0
 REWARM_CHECK_S = 2.0  # how often documents are checked against the cache model
 STEP_TOKENS = 1024  # a step's token bound while live requests arrive (its time bound: --warmup-step)
 IDLE_STEP_TOKENS = 8192  # and while none do (--warmup-idle-step)
@@ -271,13 +270,7 @@ class WarmJobs:
             return
         self._preempted.add(rid)
         self.preemptions += 1
-        self.gw.background.spawn(self._abort(replica, rid))
-
-    async def _abort(self, replica: ReplicaId, rid: str) -> None:
-        try:
-            await self.gw.up.call(replica, "POST", "/abort_request", ABORT_TIMEOUT_S, json={"rid": rid})
-        except UpstreamError as e:
-            log.info("abort of a warm-up step on %s failed: %s", replica, e.message)
+        self.gw.background.spawn(self.gw.up.abort(replica, rid))
 
     async def _until_quiet(self, replica: ReplicaId) -> None:
         """Polls until the replica is quiet; raises UpstreamError when it is gone or unhealthy."""

@@ -5,14 +5,17 @@ longer until all of them time out):
 
 - **in the gateway**: at most ``max_inflight`` generation requests in progress (read, routed, relayed);
   the next one gets 429 at once. This bounds the gateway's own memory and sockets.
-- **per replica**: at most ``max_waiting_per_replica`` requests *waiting* on one replica (sent, first
-  byte not back: ``proxy.load.ReplicaLoad.queue``). Routing only sees the replicas below their bound
-  (``admissible``), so it prefers them by construction; when every healthy candidate is full the
-  request gets 429 with a ``Retry-After`` of the predicted time for the shortest queue to drain (its
-  queued prefill seconds, at least 1). The default (0) is the replica's own ``max_running_requests``:
-  SGLang runs at most that many requests, so a full second batch waiting already doubles a new request's
-  TTFT; beyond that, waiting only adds latency without adding throughput. Benchmarks at the concurrencies
-  in ``bench/`` (<= 64 per replica) never reach it.
+- **per replica**: a replica is full when the requests *waiting* on it (sent, first byte not back:
+  ``proxy.load.ReplicaLoad.queue``) have reached ``max_waiting_per_replica`` **and** their predicted
+  prefill (the snapshot's ``inflight_prefill_s``, other gateways' included) has reached
+  ``max_queue_s`` (60 s): the bound is in time, what a newcomer would wait, not in requests (a burst of
+  a hundred short chat turns drains in well under a second and must not be refused; a dozen queued
+  128K-token cold prefills is minutes). The count (default 0: twice the replica's
+  ``max_running_requests``, SGLang's batch) only keeps the time bound from being crossed by a flood of
+  requests whose predictions are small. Routing only sees the replicas that are not full
+  (``admissible``), so it prefers them by construction; when every healthy candidate is full the request
+  gets 429 with a ``Retry-After`` of the predicted time for the shortest queue to drain below the time
+  bound (at least 1 s).
 
 While the gateway drains (SIGTERM, ``proxy/drain.py``) new generation requests get 503 ``draining``
 with ``Retry-After: 1`` (a load balancer sends them to another gateway); ``idle`` is set whenever no
@@ -32,14 +35,16 @@ from proxy.errors import Draining, Overloaded
 from proxy.fleet import Fleet
 from routing.types import ReplicaState
 
-UNKNOWN_MAX_RUNNING = 256  # the bound for a replica that did not report max_running_requests
+UNKNOWN_MAX_RUNNING = 256  # the batch of a replica that did not report max_running_requests
+BATCHES = 2  # the default count bound: this many of the replica's batches waiting
 DRAIN_RETRY_AFTER_S = 1
 
 
 class Admission:
-    def __init__(self, max_inflight: int, max_waiting_per_replica: int) -> None:
+    def __init__(self, max_inflight: int, max_waiting_per_replica: int, max_queue_s: float = 60.0) -> None:
         self.max_inflight = max_inflight
         self.max_waiting_per_replica = max_waiting_per_replica
+        self.max_queue_s = max_queue_s
         self.inflight = 0
         self.draining = False
         self.idle = asyncio.Event()
@@ -76,20 +81,25 @@ class Admission:
     def bound(self, state: ReplicaState) -> int:
         if self.max_waiting_per_replica > 0:
             return self.max_waiting_per_replica
-        return state.max_running_requests or UNKNOWN_MAX_RUNNING
+        return BATCHES * (state.max_running_requests or UNKNOWN_MAX_RUNNING)
+
+    def full(self, state: ReplicaState, fleet: Fleet) -> bool:
+        """Both bounds reached: requests waiting and their predicted prefill seconds."""
+        return _waiting(fleet, state) >= self.bound(state) and state.inflight_prefill_s >= self.max_queue_s
 
     def admissible(self, states: list[ReplicaState], fleet: Fleet) -> list[ReplicaState]:
-        """The replicas below their waiting bound; 429 when every healthy candidate is at it."""
+        """The replicas that are not full; 429 when every healthy candidate is."""
         open_ = [s for s in states if s.healthy and not s.draining]
         if not open_:
             return states  # nothing healthy: the router answers 503
-        below = [s for s in open_ if _waiting(fleet, s) < self.bound(s)]
+        below = [s for s in open_ if not self.full(s, fleet)]
         if below:
             return below
         self.reject("replicas_full")
-        wait_s = min(s.inflight_prefill_s for s in open_)
+        wait_s = min(s.inflight_prefill_s for s in open_) - self.max_queue_s
         raise Overloaded(
-            f"every replica has its maximum of requests waiting ({self.bound(open_[0])}); retry later",
+            f"every replica has at least {self.bound(open_[0])} requests and {self.max_queue_s:g} s of "
+            "predicted prefill waiting; retry later",
             retry_after=max(1, math.ceil(wait_s)),
         )
 
@@ -97,7 +107,8 @@ class Admission:
         return {
             "inflight": self.inflight,
             "max_inflight": self.max_inflight,
-            "max_waiting_per_replica": self.max_waiting_per_replica or "max_running_requests",
+            "max_waiting_per_replica": self.max_waiting_per_replica or f"{BATCHES} x max_running_requests",
+            "max_queue_s": self.max_queue_s,
             "draining": self.draining,
             "rejected": dict(self.rejected),
         }

@@ -75,7 +75,8 @@ class Gateway:
         self.deadlines = self.settings.deadlines()
         self.retry_budget = RetryBudget(self.settings.retry_budget, self.settings.retry_budget_floor)
         self.keys = load_keys(self.settings.api_keys) if self.settings.api_keys else None
-        self.admission = Admission(self.settings.max_inflight, self.settings.max_waiting_per_replica)
+        st = self.settings
+        self.admission = Admission(st.max_inflight, st.max_waiting_per_replica, st.max_queue_s)
         self.admission.on_reject = lambda reason: self.metrics.rejections.labels(reason).inc()
         a = self.admission
         self.metrics.register_source(

@@ -101,8 +101,14 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     (
         "--max-waiting-per-replica",
         "N",
-        "requests sent to one replica and waiting for their first byte; past it on every replica, 429 "
-        "(0: the replica's max_running_requests)",
+        "requests sent to one replica and waiting for their first byte; with --max-queue-s reached too "
+        "on every replica, 429 (0: twice the replica's max_running_requests)",
+    ),
+    (
+        "--max-queue-s",
+        "S",
+        "predicted prefill seconds waiting on one replica; with --max-waiting-per-replica reached too "
+        "on every replica, 429",
     ),
     ("--max-inflight", "N", "requests in progress in this gateway; past it, 429"),
     (

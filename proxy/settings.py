@@ -88,7 +88,8 @@ class Settings:
     warmup_step: float = 0.15  # seconds of predicted prefill per warm-up step while live traffic flows
     warmup_idle_step: float = 0.5  # and while none does
     drain_timeout: float = 30.0  # SIGTERM: seconds in-flight requests get to finish (proxy/drain.py)
-    max_waiting_per_replica: int = 0  # sent, no first byte yet; 0 = the replica's max_running_requests
+    max_waiting_per_replica: int = 0  # sent, no first byte yet; 0 = twice the replica's max_running_requests
+    max_queue_s: float = 60.0  # ... and a replica is full only once that much predicted prefill waits
     max_inflight: int = 4096  # requests in progress in this gateway (proxy/admission.py)
     api_keys: str | None = None  # client keys: a file, or inline JSON (proxy/api_keys.py)
     max_messages: int = 4096  # chat messages per request (proxy/input_limits.py)
@@ -284,6 +285,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "warmup_idle_step": _float(0.0),
     "drain_timeout": _float(0.0),
     "max_waiting_per_replica": _int(0, 1 << 31),
+    "max_queue_s": _float(0.0),
     "max_inflight": _int(1, 1 << 31),
     "api_keys": _str,
     "max_messages": _int(1, 1 << 31),

@@ -42,7 +42,7 @@ def _waiting(stack: Stack) -> dict[str, int]:
 
 
 async def test_a_full_replica_is_avoided_and_all_full_is_429(stack_factory: StackFactory) -> None:
-    stack = await stack_factory(2, max_waiting_per_replica=1)
+    stack = await stack_factory(2, max_waiting_per_replica=1, max_queue_s=0)
     for r in stack.replicas:
         await r.fault(action="hang", count=1)
     async with aiohttp.ClientSession() as s, _held(s, stack, 1):
@@ -60,6 +60,18 @@ async def test_a_full_replica_is_avoided_and_all_full_is_429(stack_factory: Stac
     assert 'kvroute_rejections_total{reason="replicas_full"} 1' in stack.metrics()
     async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
         assert (await r.json())["admission"]["rejected"] == {"replicas_full": 1}
+
+
+async def test_a_replica_is_full_only_once_its_queue_is_long_in_time(stack_factory: StackFactory) -> None:
+    """Past the count bound with little predicted prefill waiting (a burst of short requests) the
+    replica still takes requests: the bound is in seconds of queue, not in requests."""
+    stack = await stack_factory(1, max_waiting_per_replica=1)  # max_queue_s: the default 60 s
+    await stack.replicas[0].fault(action="hang", count=1)
+    async with aiohttp.ClientSession() as s, _held(s, stack, 1):
+        assert _waiting(stack) == {stack.urls[0]: 1}
+        status, _, _ = await _post(s, stack.url)
+        assert status == 200
+    assert "replicas_full" not in stack.metrics()
 
 
 async def test_past_max_inflight_is_429(stack_factory: StackFactory) -> None:

@@ -113,7 +113,9 @@ def parse(argv: Sequence[str]) -> BenchConfig:
     else:
         chosen = systems.select(names or list(plan.SWEEP_SYSTEMS))
     out = a.out or (QUICK_OUT if a.quick else BENCH_DIR / "results")
-    readme = None if a.no_readme or (a.quick and a.out is None) else BENCH_DIR / "README.md"
+    # bench/README.md summarises bench/results only: a quick run or results elsewhere leave it alone
+    in_results = Path(out).resolve() == (BENCH_DIR / "results").resolve()
+    readme = BENCH_DIR / "README.md" if in_results and not (a.no_readme or a.quick) else None
     fleet = FleetSpec.default(a.replicas, a.quick, a.time_scale, a.max_total_tokens)
     command = shlex.join(["kvroute", "bench", *argv])
     run = RunSettings(chosen, fleet, a.quick, out, a.max_run_seconds, command, a.time_scale)

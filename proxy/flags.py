@@ -29,6 +29,8 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--policy", "NAME", f"routing policy: {', '.join(POLICY_NAMES)}"),
     ("--admin-key", "KEY", "Bearer key for the admin API and /flush_cache (both disabled when unset)"),
     ("--max-body-bytes", "BYTES", "largest request body accepted (413 beyond)"),
+    ("--body-timeout", "S", "seconds for a request body to arrive once its headers did (408 beyond)"),
+    ("--idle-timeout", "S", "seconds before an idle connection, or one whose headers never end, is closed"),
     ("--health-interval", "S", "seconds between active health checks of every replica"),
     ("--request-timeout", "S", "seconds without a byte from the replica before the request fails (504)"),
     ("--connect-timeout", "S", "seconds to connect to a replica before trying the next one"),

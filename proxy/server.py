@@ -26,6 +26,7 @@ from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx
+from proxy.request_body import body_middleware
 from proxy.serving import StartupError, serve
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
@@ -85,7 +86,8 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(settings: Settings) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[handlers.errors_middleware])
+    middlewares = [handlers.errors_middleware, body_middleware]
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = build_gateway(settings)
     response_cache.install(app)
     app.cleanup_ctx.append(_session_ctx)
@@ -138,7 +140,7 @@ def main(argv: list[str]) -> int:
     _install_uvloop()
     tune_malloc()
     try:
-        asyncio.run(serve(app, settings.host, settings.port))
+        asyncio.run(serve(app, settings.host, settings.port, settings.idle_timeout))
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 1

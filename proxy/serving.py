@@ -78,9 +78,10 @@ def runner(app: web.Application, **kwargs: Any) -> GatewayRunner:
     return GatewayRunner(app, handler_cancellation=True, access_log=None, **kwargs)
 
 
-async def serve(app: web.Application, host: str, port: int) -> None:
-    """Serves until SIGINT/SIGTERM; raises StartupError when it cannot listen."""
-    run = runner(app)
+async def serve(app: web.Application, host: str, port: int, idle_timeout: float = 75.0) -> None:
+    """Serves until SIGINT/SIGTERM; raises StartupError when it cannot listen. A connection idle for
+    ``idle_timeout`` seconds (no request yet, or headers that never end) is closed."""
+    run = runner(app, keepalive_timeout=idle_timeout)
     await run.setup()
     try:
         try:

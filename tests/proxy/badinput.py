@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.fuzz_bodies import is_openai_error
 from tests.proxy.conftest import MODEL
 
 ROUTES = (
@@ -74,20 +75,6 @@ FIELD_VALUES: tuple[Any, ...] = (
     {},
     {"role": 1, "content": {"x": []}},
 )
-
-
-def is_openai_error(body: bytes) -> bool:
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    err = doc.get("error") if isinstance(doc, dict) else None
-    return (
-        isinstance(err, dict)
-        and set(err) >= {"message", "type", "param", "code"}
-        and isinstance(err["message"], str)
-        and isinstance(err["type"], str)
-    )
 
 
 def kvroute_made(headers: dict[str, str]) -> bool:

@@ -199,3 +199,11 @@ async def test_idle_connections_are_closed_after_the_idle_timeout(stack_factory:
         for _, w in conns:
             w.close()
         await assert_serves(gw.urls[0])
+
+
+async def test_a_valid_admin_body_still_reaches_its_handler(stack_factory: StackFactory) -> None:
+    """The body middleware reads every body first; the admin API must still see it."""
+    stack = await stack_factory(n=1)
+    doc = {"url": stack.urls[0], "draining": False}
+    status, body, _ = await send(stack.url, "/admin/replicas/drain", orjson.dumps(doc), ADMIN)
+    assert status == 200 and orjson.loads(body)["replica"]["draining"] is False, body[:300]

@@ -22,7 +22,7 @@ async def fuzz_stack(stack_factory: StackFactory) -> Stack:
 
 
 @settings(
-    max_examples=120,
+    max_examples=400,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

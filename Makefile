@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: dev test check demo bench bench-matrix bench-overhead fmt clean
+.PHONY: dev test check demo bench bench-matrix bench-overhead soak fmt clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,9 @@ bench-matrix: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
+
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak --minutes 10
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

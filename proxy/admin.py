@@ -39,7 +39,7 @@ def _json(doc: Any, status: int = 200) -> web.Response:
 
 
 async def _url_arg(request: web.Request) -> tuple[str, dict[str, Any]]:
-    body = parse_json(await request.read()) if request.can_read_body else dict(request.query)
+    body = parse_json(await request.read()) if request.body_exists else dict(request.query)
     url = body.get("url")
     if not isinstance(url, str):
         raise InvalidRequest("'url' is required", param="url")

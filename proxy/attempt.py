@@ -18,6 +18,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from aiohttp import web
+
 from proxy.access_log import Access
 from proxy.context import Gateway
 from proxy.load import Work
@@ -51,6 +53,8 @@ class Attempt:
         self.ok = False
         self.verdict: bool | None = None
         self.failure = ""
+        self.answer: web.Response | None = None  # a 5xx answer retried elsewhere (proxy/forward.py)
+        self.suspect = False  # answered 5xx: blamed only if another replica then does better
 
     def first_byte(self) -> None:
         """First streamed byte: the prefill is done; this is the request's TTFT."""
@@ -66,6 +70,11 @@ class Attempt:
     def failed(self, reason: str) -> None:
         """The replica failed this attempt (the breaker counts it)."""
         self.verdict, self.failure = False, reason
+
+    def suspected(self, reason: str) -> None:
+        """The replica answered 5xx: the breaker counts it only once another replica answered the same
+        request well (``proxy/forward.py``); a body that every replica fails on blames none of them."""
+        self.verdict, self.failure, self.suspect = None, reason, True
 
     def finish(self, access: Access) -> None:
         self.lease.release()

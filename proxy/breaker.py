@@ -14,9 +14,10 @@ requests meet on the replica. States:
   ``/health`` answers while its requests fail trips again after the next ``failures`` and waits twice
   as long.
 
-The fleet never lets breakers eject more than half of its replicas (at least one): past that, failures
-are counted but trip nothing (``may_trip``), so a client whose requests fail everywhere (a 500 that
-follows the request, not the replica) cannot empty the fleet. ``reset`` closes the breaker outright:
+The fleet never lets breakers eject more than half of its replicas, nor the last one: past that,
+failures are counted but trip nothing (``may_trip``). And a replica's 5xx answer reaches its breaker
+only once another replica answered the same request well (``proxy/forward.py``): a 500 that follows
+the request, not the replica, blames nobody. ``reset`` closes the breaker outright:
 the fleet calls it when a replica comes back from unhealthy or restarted (a fresh process is used
 again as soon as its health check passes). Times are ``time.monotonic()`` seconds, given by the
 caller; the breaker does no I/O.

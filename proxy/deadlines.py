@@ -39,7 +39,7 @@ class Deadlines:
         ttft = max(self.first_byte_timeout, scaled)
         if streamed:
             return min(self.request_timeout, ttft)
-        if not max_new_tokens:
+        if not max_new_tokens or max_new_tokens < 0:  # unknown (or nonsense the replica will refuse)
             return self.request_timeout
         return min(self.request_timeout, ttft + max_new_tokens * self.decode_timeout_per_token)
 

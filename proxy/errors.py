@@ -7,7 +7,7 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
     GatewayError(status, type)
     ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 · MethodNotAllowed 405
     │   └── ModelNotFound 404
-    ├── PayloadTooLarge 413 · Overloaded 429 ── RateLimited 429
+    ├── RequestTimeout 408 · PayloadTooLarge 413 · Overloaded 429 ── RateLimited 429
     ├── NoReplicaAvailable 503 · Draining 503
     └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
 
@@ -103,6 +103,14 @@ class MethodNotAllowed(GatewayError):
 
     def to_response(self, headers: dict[str, str] | None = None) -> web.Response:
         return super().to_response({**(headers or {}), "Allow": ", ".join(self.allowed)})
+
+
+class RequestTimeout(GatewayError):
+    """The client did not send its request body in time (``--body-timeout``)."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
 
 
 class PayloadTooLarge(GatewayError):

@@ -29,6 +29,12 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--policy", "NAME", f"routing policy: {', '.join(POLICY_NAMES)}"),
     ("--admin-key", "KEY", "Bearer key for the admin API and /flush_cache (both disabled when unset)"),
     ("--max-body-bytes", "BYTES", "largest request body accepted (413 beyond)"),
+    ("--body-timeout", "S", "seconds for a request body to arrive once its headers did (408 beyond)"),
+    (
+        "--client-idle-timeout",
+        "S",
+        "seconds before an idle client connection, or one whose headers never end, is closed",
+    ),
     ("--health-interval", "S", "seconds between active health checks of every replica"),
     ("--request-timeout", "S", "the cap of every deadline: no request waits longer for a replica (504)"),
     ("--connect-timeout", "S", "seconds to connect to a replica before trying the next one"),

@@ -240,10 +240,10 @@ class Fleet:
             replica.last_error = reason
 
     def _may_eject(self) -> bool:
-        """Another breaker may open while at most half of the replicas (at least one) are ejected."""
+        """Another breaker may open while at most half of the replicas are ejected and one is left."""
         now = time.monotonic()
         ejected = sum(not r.breaker.admits(now) for r in self._replicas.values())
-        return ejected + 1 <= max(1, len(self._replicas) // 2)
+        return ejected + 1 <= len(self._replicas) // 2
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)

@@ -92,11 +92,15 @@ async def forward(
     unreachable: set[ReplicaId] = set()
     gw.retry_budget.request(time.monotonic())
     retried = 0
+    answered: web.Response | None = None  # the last 5xx a replica answered (relayed if nothing better)
+    suspects: list[tuple[ReplicaId, str]] = []  # replicas that answered it 5xx (proxy/attempt.py)
     for n, replica in enumerate(order):
         if replica in unreachable or not gw.fleet.admits(replica):
             continue
         if last is not None:
-            await _before_retry(gw, parsed, replica, retried, last)
+            if not _before_retry(gw, parsed, replica):
+                break
+            await asyncio.sleep(backoff_s(retried, gw.settings.retry_backoff, gw.settings.retry_backoff_max))
             retried += 1
         if not gw.fleet.admit(replica):  # claimed last: nothing between here and the attempt can fail
             continue
@@ -108,7 +112,9 @@ async def forward(
                 request, gw, attempt, raw, headers, parsed, rid_header, can_retry=n < len(order) - 1
             )
             if result is not None:
+                _blame(gw, suspects, result.status)
                 return result
+            answered = attempt.answer or answered
             last = UpstreamUnavailable(f"replica {replica}: {attempt.failure}", retryable=True)
         except UpstreamError as e:
             if not e.retryable:
@@ -119,19 +125,27 @@ async def forward(
                 gw.fleet.mark_unreachable(replica, e.message)
         finally:
             attempt.finish(access)
+            if attempt.suspect:
+                suspects.append((replica, attempt.failure))
+    if answered is not None:  # no replica did better: the client gets the replica's own answer
+        return answered
     raise last or NoReplicaAvailable("no replica could take the request")
 
 
-async def _before_retry(
-    gw: Gateway, parsed: ParsedRequest, replica: ReplicaId, retried: int, last: UpstreamError
-) -> None:
-    """Spends one retry of the budget (or re-raises ``last``), then waits the jittered backoff."""
+def _blame(gw: Gateway, suspects: list[tuple[ReplicaId, str]], status: int) -> None:
+    """Another replica answered below 500: the 5xx answers before it were the replicas' fault."""
+    if status < 500:
+        for replica, reason in suspects:
+            gw.fleet.outcome(replica, False, reason)
+
+
+def _before_retry(gw: Gateway, parsed: ParsedRequest, replica: ReplicaId) -> bool:
+    """Spends one retry of the budget; False (counted) when the budget has none left."""
     if not gw.retry_budget.spend(time.monotonic()):
         gw.metrics.retry_budget_exhausted.labels(parsed.route.value).inc()
-        raise last
+        return False
     gw.metrics.retries.labels(replica).inc()
-    st = gw.settings
-    await asyncio.sleep(backoff_s(retried, st.retry_backoff, st.retry_backoff_max))
+    return True
 
 
 async def _try(
@@ -149,9 +163,10 @@ async def _try(
         resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.deadline)
     try:
         if resp.status >= 500:
-            a.failed(f"HTTP {resp.status}")
+            a.suspected(f"HTTP {resp.status}")
             gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
             if resp.status in RETRY_STATUSES and can_retry and _budget_allows(gw, parsed):
+                a.answer = await _kept_answer(gw, a, resp, rid_header)
                 return None
         extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
         out_headers = response_headers(resp.headers, extra)
@@ -172,6 +187,19 @@ async def _try(
         return web.Response(status=resp.status, body=body, headers=out_headers)
     finally:
         resp.release()
+
+
+async def _kept_answer(
+    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, rid_header: str | None
+) -> web.Response | None:
+    """A replica's 5xx answer that is retried elsewhere, kept to relay should no replica do better
+    (None when its body cannot be read)."""
+    try:
+        body = await gw.up.read(resp, a.deadline)
+    except UpstreamError:
+        return None
+    extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
+    return web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
 
 
 def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:

@@ -4,8 +4,9 @@ The gateway validates only what it needs to route and what SGLang would reject a
 useful message: the body is a JSON object; ``model`` is a string; chat ``messages`` is a non-empty list
 of objects with a string ``role``; completions ``prompt`` is a string, a list of strings, a list of token
 ids or a list of lists of ids; ``/generate`` has ``text`` or ``input_ids``; ``stream`` is a boolean;
-``n`` and the max-token fields are integers. Everything else is the engine's business and is forwarded
-untouched: the body bytes the client sent are the bytes the replica gets.
+``n`` is an integer in [1, 128] (OpenAI's bound: SGLang has none, and a huge ``n`` would keep an engine
+busy for ever) and the max-token fields are integers. Everything else is the engine's business and is
+forwarded untouched: the body bytes the client sent are the bytes the replica gets.
 
 What routing needs is built here, in one pass, as a typed ``routing.prompt.PromptRequest``: the prompt
 (chat messages with tools and template options, text, or token ids; a batch by its first prompt), the
@@ -29,6 +30,7 @@ from routing.prompt import ChatPrompt, Message, Namespace, Prompt, PromptRequest
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # SGLang's CompletionRequest default
 GENERATE_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's sampling_params default
+MAX_N = 128  # OpenAI's bound on choices per request; SGLang has none (n = 2**63 - 1 would spin forever)
 
 
 def parse_json(raw: bytes) -> JSONObject:
@@ -176,8 +178,8 @@ def parse_request(
     prompt = _prompt(route, body)
     stream = bool(_opt(body, "stream", bool, "a boolean"))
     n = _opt(body, "n", int, "an integer")
-    if n is not None and n < 1:
-        raise InvalidRequest("'n' must be at least 1", param="n")
+    if n is not None and not 1 <= n <= MAX_N:
+        raise InvalidRequest(f"'n' must be between 1 and {MAX_N}", param="n")
     session = session or session_key(body, session_field)
     request = PromptRequest(
         model or "", prompt, _namespace(body), session, _max_new_tokens(body, route), len(raw)

@@ -37,6 +37,7 @@ from proxy.fleet import Fleet
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx
+from proxy.request_body import body_middleware
 from proxy.serving import StartupError, serve, tls_context
 from proxy.settings import Settings, SettingsError, load_settings
 from proxy.types import Route
@@ -97,7 +98,7 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(settings: Settings) -> web.Application:
-    middlewares = [handlers.errors_middleware, gatekeeper.gatekeeper]
+    middlewares = [handlers.errors_middleware, gatekeeper.gatekeeper, body_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = build_gateway(settings)
     response_cache.install(app)
@@ -157,7 +158,11 @@ def main(argv: list[str]) -> int:
             if settings.tls_cert and settings.tls_key
             else None
         )
-        return asyncio.run(serve(app, settings.host, settings.port, settings.drain_timeout, tls))
+        return asyncio.run(
+            serve(
+                app, settings.host, settings.port, settings.drain_timeout, tls, settings.client_idle_timeout
+            )
+        )
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 1

@@ -100,9 +100,12 @@ async def serve(
     port: int,
     drain_timeout_s: float = 30.0,
     ssl_context: ssl.SSLContext | None = None,
+    idle_timeout: float = 75.0,
 ) -> int:
-    """Serves until SIGINT/SIGTERM, drains; the exit status. Raises StartupError when it cannot listen."""
-    run = runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    """Serves until SIGINT/SIGTERM, drains; the exit status. Raises StartupError when it cannot listen.
+    A connection idle for ``idle_timeout`` seconds (no request yet, or headers that never end) is
+    closed."""
+    run = runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=idle_timeout)
     await run.setup()
     try:
         signals = Signals()

@@ -50,6 +50,8 @@ class Settings:
     policy: PolicyName = "cost"
     admin_key: str | None = None
     max_body_bytes: int = 32 * MiB
+    body_timeout: float = 60.0  # seconds for a request body to arrive once its headers did (408 beyond)
+    client_idle_timeout: float = 75.0  # seconds an idle client connection (or unfinished headers) stays open
     health_interval: float = 5.0
     request_timeout: float = 600.0
     connect_timeout: float = 3.0
@@ -246,6 +248,8 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "policy": _choice(POLICY_NAMES),
     "admin_key": _str,
     "max_body_bytes": _int(1, 1 << 40),
+    "body_timeout": _float(0.0),
+    "client_idle_timeout": _float(0.0),
     "health_interval": _float(0.0),
     "request_timeout": _float(0.0),
     "connect_timeout": _float(0.0),

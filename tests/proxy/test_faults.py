@@ -101,10 +101,21 @@ async def test_a_restarted_replica_is_used_again_as_soon_as_it_is_healthy(
 
 
 async def test_breakers_never_eject_more_than_half_of_the_fleet(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=4, breaker_failures=1, breaker_cooldown=60.0)
+    for r in stack.replicas[:3]:  # three sick replicas, one well: their 500s are theirs
+        await r.fault(action="fail", status=500, count=50)
+    statuses = [(await ask(stack.url, chat(f"q{i}")))[0] for i in range(12)]
+    assert 200 in statuses  # retried onto the well replica (three sick in a row: their 500)
+    states = [breaker(stack, url) for url in stack.urls]
+    assert states.count(BreakerState.OPEN) == 2 and breaker(stack, stack.urls[3]) is BreakerState.CLOSED
+
+
+async def test_a_body_every_replica_fails_on_blames_none_of_them(stack_factory: StackFactory) -> None:
+    """Every replica answers the same request 500: the request's fault, not theirs; the client gets
+    the replica's own answer (never a 5xx of kvroute's making) and no breaker opens."""
     stack = await stack_factory(n=2, breaker_failures=1, breaker_cooldown=60.0)
     for r in stack.replicas:
-        await r.fault(action="fail", status=500, count=4)
-    statuses = [(await ask(stack.url, chat(f"q{i}")))[0] for i in range(3)]
-    assert 500 in statuses or 502 in statuses  # the request itself fails everywhere
-    states = [breaker(stack, url) for url in stack.urls]
-    assert states.count(BreakerState.OPEN) == 1 and BreakerState.CLOSED in states
+        await r.fault(action="fail", status=500, count=3)
+    status, _, replica = await ask(stack.url, chat("q"))
+    assert status == 500 and replica in stack.urls  # relayed, x-kvroute-replica set
+    assert [breaker(stack, url) for url in stack.urls] == [BreakerState.CLOSED] * 2

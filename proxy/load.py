@@ -186,13 +186,20 @@ class ReplicaLoad:
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:
     """This gateway's view of a replica's load plus the other gateways' (``proxy/state_sync.py``):
-    counts, queued work and arrival rates add up; busy fractions combine as independent
-    (1 - (1 - a)(1 - b)); the decoding detail is this gateway's (others' requests count, unknown)."""
+    counts, queued work and arrival rates add up; the busy fraction is the largest of them; the decoding
+    detail is this gateway's (others' requests count, unknown).
+
+    Each gateway's busy fraction is the share of time it had a request waiting for prefill there, and
+    the replica's is their union. The periods are nested more than independent (while the replica is
+    busy every gateway that sent to it has a request queued), so the union is close to the largest;
+    combining them as independent, 1 - (1 - a)(1 - b), overstated it, and three gateways sharing a view
+    placed rag's documents worse than one gateway (mean TTFT 1.06x one gateway's over three runs each,
+    against 1.00x with the largest)."""
     return LoadView(
         local.inflight_requests + remote.inflight_requests,
         local.inflight_prefill_tokens + remote.inflight_prefill_tokens,
         local.inflight_prefill_s + remote.inflight_prefill_s,
         local.decoding,
         local.arrival_rate + remote.arrival_rate,
-        1.0 - (1.0 - min(local.utilization, 1.0)) * (1.0 - min(remote.utilization, 1.0)),
+        max(min(local.utilization, 1.0), min(remote.utilization, 1.0)),
     )

@@ -54,14 +54,15 @@ class LoadPart:
         return out
 
     def adopt(self, docs: dict[str, Any]) -> None:
-        """Sums the other gateways' numbers per replica (busy fractions as independent)."""
+        """Sums the other gateways' numbers per replica (the busy fraction: the largest, as
+        ``proxy.load.combined`` says why)."""
         sums: dict[str, list[float]] = {}
         for table in docs.values():
             for replica, numbers in table.items():
                 acc = sums.setdefault(replica, [0.0] * 5)
                 for i, v in enumerate(numbers[:4]):
                     acc[i] += float(v)
-                acc[4] = 1.0 - (1.0 - acc[4]) * (1.0 - min(float(numbers[4]), 1.0))
+                acc[4] = max(acc[4], min(float(numbers[4]), 1.0))
         for r in self.fleet.replicas():
             n = sums.get(r.id)
             r.remote = LoadView(int(n[0]), int(n[1]), n[2], (), n[3], n[4]) if n else None

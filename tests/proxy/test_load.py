@@ -108,11 +108,14 @@ def test_utilization_of_a_replica_busy_since_traffic_began_reads_near_one_and_ne
     assert r.view(50.0, 0).utilization <= 1.0
 
 
-def test_combined_views_add_work_and_rates_and_combine_busy_fractions_as_independent() -> None:
+def test_combined_views_add_work_and_rates_and_take_the_largest_busy_fraction() -> None:
+    """Busy periods of gateways sharing a replica nest (proxy.load.combined): their union is close to
+    the largest, not what independent periods would give (0.75 here)."""
     a = LoadView(1, 100, 1.0, ((1.0, 8),), 2.0, 0.5)
-    b = LoadView(2, 200, 2.0, (), 1.0, 0.5)
+    b = LoadView(2, 200, 2.0, (), 1.0, 0.6)
     c = combined(a, b)
     assert (c.inflight_requests, c.inflight_prefill_tokens, c.inflight_prefill_s) == (3, 300, 3.0)
     assert c.decoding == a.decoding
     assert c.arrival_rate == 3.0
-    assert c.utilization == pytest.approx(0.75)
+    assert c.utilization == pytest.approx(0.6)
+    assert combined(b, LoadView(0, 0, 0.0, (), 0.0, 1.7)).utilization == 1.0

@@ -128,10 +128,14 @@ class StateSync:
     async def _reading(self) -> None:
         """Applies the others' events as soon as they are in the log (a blocking read of up to
         ``interval_s``), then adopts their documents (as of those events)."""
+        adopted = 0.0
         while True:
             try:
-                await self._apply_log(self.interval_s)
-                await self._adopt(self.parts)
+                others = await self._apply_log(self.interval_s)
+                now = time.monotonic()
+                if others or now - adopted >= self.interval_s:  # not for this gateway's own batches
+                    await self._adopt(self.parts)
+                    adopted = now
                 self._ok()
             except Exception as e:
                 self._trouble(e)
@@ -168,18 +172,24 @@ class StateSync:
                 log.warning("state store %s answers again: shared state resumes", self.store.name)
             self.stats.state = "synced"
 
-    async def _apply_log(self, block_s: float) -> None:
+    async def _apply_log(self, block_s: float) -> bool:
+        """Applies the others' batches; whether anything of theirs came (their batches, or a read that
+        ended with none: another gateway's pulse, or the wait ran out)."""
         fleet, router = self.gw.fleet, self.gw.router
+        others, first = False, True
         while True:
             batches, position = await self.store.read(self.stats.position, block_s)
-            block_s = 0.0
+            others = (
+                others or (first and not batches) or any(b.gateway != self.gateway_id for _, b in batches)
+            )
+            block_s, first = 0.0, False
             self.stats.position = position
             remote = [e for pos, b in batches if b.gateway != self.gateway_id for e in b.events]
             if remote:
                 router.cache.sync(fleet.snapshot(None))
                 self.stats.applied_events += router.apply(remote)
             if not batches:
-                return
+                return others
 
     async def _adopt(self, parts: list[Part]) -> None:
         found = await self.store.gather([p.kind for p in parts], self.gateway_id)

@@ -81,9 +81,9 @@ class RedisStore:
         await pipe.execute()
 
     async def read(self, since: str, block_s: float = 0.0) -> tuple[list[tuple[str, Batch]], str]:
-        """Blocks on the log and the pulse stream at once: returns early, with no batch, when another
-        gateway published a round without events (its documents changed); this gateway's own pulses
-        do not end the wait."""
+        """Blocks on the log and the pulse stream at once. Another gateway's pulse (a round without
+        events: its documents changed) comes back as an empty batch of that gateway and ends the wait;
+        this gateway's own pulses do not. The position returned is the log's."""
         deadline = time.monotonic() + min(block_s, TIMEOUT_S / 2)
         while True:
             # XREAD BLOCK in ms (0 would be forever), within the socket time-out
@@ -91,17 +91,20 @@ class RedisStore:
             block = max(1, int(left * 1000)) if block_s > 0 else None
             streams = {self.log_key: since, self.pulse_key: self._pulse_at}
             found = dict(await self._client.xread(streams, count=READ_COUNT, block=block) or ())
-            out = [
+            log = [
                 (_text(i), decode(f[b"p"] if b"p" in f else f["p"])) for i, f in _entries(found, self.log_key)
             ]
-            if out or self._pulsed(_entries(found, self.pulse_key)) or block is None or left <= 0.001:
-                return out, out[-1][0] if out else since
+            position = log[-1][0] if log else since
+            out = log + [(position, Batch(g, ())) for g in self._pulsed(_entries(found, self.pulse_key))]
+            if out or block is None or left <= 0.001:
+                return out, position
 
-    def _pulsed(self, entries: list[tuple[Any, Any]]) -> bool:
-        """Moves the pulse position past ``entries``; whether one of them is another gateway's."""
+    def _pulsed(self, entries: list[tuple[Any, Any]]) -> list[str]:
+        """Moves the pulse position past ``entries``; the other gateways among them."""
         if entries:
             self._pulse_at = _text(entries[-1][0])
-        return any(_text(f.get(b"g", f.get("g", b""))) != self._me for _, f in entries)
+        gateways = {_text(f.get(b"g", f.get("g", b""))) for _, f in entries}
+        return sorted(gateways - {self._me})
 
     async def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
         alive = await self._client.zrangebyscore(self.gateways_key, time.time() - GATEWAY_TTL_S, "+inf")

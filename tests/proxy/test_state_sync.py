@@ -331,9 +331,10 @@ def _remote_requests(gw: Gw, replica: str) -> int:
 
 async def test_another_gateways_round_without_events_ends_a_blocking_read(redis_server: RedisServer) -> None:
     """A round that only renews documents (a first token, a finished request) is a pulse: it wakes the
-    other gateways' blocking reads, so they gather the change now; a gateway's own pulses do not."""
+    other gateways' blocking reads (an empty batch of its gateway), so they gather the change now; a
+    gateway's own pulses do not."""
     from proxy.redis_store import RedisStore
-    from proxy.state_store import Doc
+    from proxy.state_store import Batch, Doc
 
     a, b = RedisStore(redis_server.url, "pulse"), RedisStore(redis_server.url, "pulse")
     doc = {"load": Doc(orjson.dumps({"r": [0, 0, 0.0, 0.1, 0.2]}), 5.0)}
@@ -344,7 +345,7 @@ async def test_another_gateways_round_without_events_ends_a_blocking_read(redis_
         assert time.monotonic() - t0 >= 0.35
         await a.publish("a", [], doc)
         t0 = time.monotonic()
-        assert await b.read("0", block_s=0.45) == ([], "0")  # a's pulse: returns at once
+        assert await b.read("0", block_s=0.45) == ([("0", Batch("a", ()))], "0")  # a's pulse: at once
         assert time.monotonic() - t0 < 0.3
     finally:
         await a.close()

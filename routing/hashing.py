@@ -35,6 +35,10 @@ Compared with the alternatives:
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Sequence
+
 import xxhash
 
 from routing.types import BlockHash
@@ -63,3 +67,33 @@ def block_hashes(
         h = _xxh3(data[start : start + block_chars], h)
         append(h)
     return tuple(out)
+
+
+def token_block_hashes(
+    model: str, ids: Sequence[int], salt: str, block_tokens: int, max_blocks: int, seed: int | None = None
+) -> tuple[BlockHash, ...]:
+    """Chained xxh3-64 hashes of the full ``block_tokens``-token blocks of ``ids``, the keys of exact mode:
+    ``h_i = xxh3_64(ids of block i as 4-byte little-endian uint32, seed=h_{i-1})`` from
+    ``h_0 = seed`` (default ``chain_seed(model, salt)``). The same formula keys a request's token ids and
+    the token ids a replica's KV events carry, so no engine hash seed has to match ours. Passing the hash
+    of the block before as ``seed`` continues a chain (an event's page whose parent is known)."""
+    if block_tokens <= 0:
+        raise ValueError("block_tokens must be positive")
+    h = chain_seed(model, salt) if seed is None else seed
+    n = min(len(ids) // block_tokens, max(0, max_blocks))
+    data = _u32le(ids[: n * block_tokens])
+    step = 4 * block_tokens
+    out: list[int] = []
+    append = out.append
+    for start in range(0, n * step, step):
+        h = _xxh3(data[start : start + step], h)
+        append(h)
+    return tuple(out)
+
+
+def _u32le(ids: Sequence[int]) -> bytes:
+    """Token ids as 4-byte little-endian unsigned ints (each id masked to 32 bits)."""
+    arr = array("I", (i & 0xFFFFFFFF for i in ids))
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()

@@ -58,3 +58,20 @@ def test_partial_block_and_max_blocks() -> None:
 def test_utf8_blocks_count_bytes() -> None:
     assert len(block_hashes("m", "é" * BC, "", BC, 10)) == 2  # 2 bytes per character
     assert block_hashes("m", "é" * BC, "", BC, 10) == block_hashes("m", ("é" * BC).encode(), "", BC, 10)
+
+
+def test_token_block_hashes_chain_from_a_known_parent() -> None:
+    import struct
+
+    import xxhash
+
+    from routing.hashing import chain_seed, token_block_hashes
+
+    ids = list(range(1000, 1000 + 40))
+    full = token_block_hashes("m", ids, "", 16, 100)
+    assert len(full) == 2  # the trailing 8 tokens are no full block
+    first = xxhash.xxh3_64_intdigest(struct.pack("<16I", *ids[:16]), chain_seed("m", ""))
+    assert full[0] == first
+    assert token_block_hashes("m", ids[16:], "", 16, 100, seed=full[0]) == full[1:]
+    assert token_block_hashes("m", ids, "tenant", 16, 100)[0] != first
+    assert token_block_hashes("m", ids, "", 16, 1) == full[:1]

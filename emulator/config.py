@@ -4,7 +4,9 @@ SGLang's own flag names (and 0.5.10 defaults) for everything the emulator models
 a real SGLang launch line works unchanged. Any other `--flag [value]` is accepted and ignored with one
 warning line per flag (collected in `ignored_flags`; the CLI prints them). Emulator-only flags start with
 `--emu-`. `--kv-events-config` (SGLang's JSON) publishes KV events over ZMQ, in the encoding
-`--emu-kv-events-format` picks (emulator/kv_events.py, emulator/kv_recorder.py). The hardware profile
+`--emu-kv-events-format` picks (emulator/kv_events.py, emulator/kv_recorder.py). `--emu-tokenizer hf`
+tokenizes with the real tokenizer directory `--tokenizer-path` (default: the model path) as SGLang does;
+the default `pseudo` keeps the built-in pseudo-tokenizer (emulator/tokenizer_kind.py). The hardware profile
 (`--emu-profile`, emulator/timing.py) sets the timing and, unless
 `--emu-gpu-kv-tokens` / `--emu-kv-bytes-per-token` say otherwise, the GPU KV pool and the KV size of a
 token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
@@ -33,6 +35,7 @@ from pathlib import Path
 from emulator.kv_events import KvEventsConfig
 from emulator.kv_recorder import FORMATS as KV_EVENT_FORMATS
 from emulator.timing import PROFILES
+from emulator.tokenizer_kind import KINDS as TOKENIZER_KINDS
 
 MODEL_DIR = Path(__file__).resolve().parent / "model"
 SERVED_MODEL_NAME = "kvroute-emu"
@@ -93,6 +96,7 @@ class EmulatorConfig:
     emu_seed: int = 0
     kv_events: KvEventsConfig | None = None
     emu_kv_events_format: str = "0.5.10"
+    emu_tokenizer: str = "pseudo"
     replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
     ignored_flags: tuple[str, ...] = field(default=())
 
@@ -218,7 +222,21 @@ def _parser() -> argparse.ArgumentParser:
         default="0.5.10",
         help="KV-event encoding: 0.5.10 positional arrays (GPU only) or 0.5.23 tagged maps with tiers",
     )
+    add(
+        "--emu-tokenizer",
+        choices=TOKENIZER_KINDS,
+        default="pseudo",
+        help="pseudo: the built-in pseudo-tokenizer and ChatML renderer; hf: --tokenizer-path's "
+        "tokenizer.json and jinja2 chat_template, as SGLang tokenizes (emulator/hf_tokenizer.py)",
+    )
     return p
+
+
+def _tokenizer_dir(kind: str, path: str) -> str:
+    """The tokenizer directory; with ``hf`` it must hold a tokenizer.json (checked at start-up)."""
+    if kind == "hf" and not (Path(path) / "tokenizer.json").is_file():
+        raise SystemExit(f"kvroute emulate: --emu-tokenizer hf needs {path}/tokenizer.json")
+    return path
 
 
 def _ignored(rest: Sequence[str]) -> tuple[str, ...]:
@@ -267,7 +285,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         ports=_ports(ns),
         model_path=ns.model_path,
         served_model_name=ns.served_model_name or SERVED_MODEL_NAME,
-        tokenizer_path=ns.tokenizer_path or ns.model_path,
+        tokenizer_path=_tokenizer_dir(ns.emu_tokenizer, ns.tokenizer_path or ns.model_path),
         page_size=max(1, ns.page_size),
         max_total_tokens=ns.max_total_tokens,
         max_running_requests=ns.max_running_requests,
@@ -310,6 +328,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         emu_seed=ns.emu_seed,
         kv_events=kv_events,
         emu_kv_events_format=ns.emu_kv_events_format,
+        emu_tokenizer=ns.emu_tokenizer,
         ignored_flags=_ignored(rest),
     )
     return cfg

@@ -1,14 +1,14 @@
 """/v1/chat/completions and /v1/completions requests: SGLang 0.5.10's rules (contract §2) → Jobs + a Plan.
 
-Chat renders `messages` (+ `tools`) with the ChatML template and tokenizes it; completions take `prompt`
-as a string or token ids, or a list of those (a batch: one Job per prompt, as SGLang runs one request
-per prompt; choice `k * n + i` of the response is choice i of prompt k, and usage sums the prompts).
-`max_completion_tokens or max_tokens` (0 = unset) for chat, `max_tokens` (default 16, must be positive)
-for completions; `n`, `stop`, `seed`, `logprobs`, `top_logprobs`, `stream_options`, `response_format`
-and completions' `json_schema` (structured_output.py); the cache namespace is `cache_salt + extra_key`.
-Tool calls: see tool_calls.py. The outputs of every choice are sampled here, before the engine sees the
-request; the `Plan` holds them and everything else the response shapes (openai_shapes.py,
-openai_stream.py) need.
+Chat renders `messages` (+ `tools`) with the replica's chat template and tokenizes it (tokenizer_kind.py);
+completions take `prompt` as a string or token ids, or a list of those (a batch: one Job per prompt, as
+SGLang runs one request per prompt; choice `k * n + i` of the response is choice i of prompt k, and usage
+sums the prompts). `max_completion_tokens or max_tokens` (0 = unset) for chat, `max_tokens` (default 16,
+must be positive) for completions; `n`, `stop`, `seed`, `logprobs`, `top_logprobs`, `stream_options`,
+`response_format` and completions' `json_schema` (structured_output.py); the cache namespace is
+`cache_salt + extra_key`. Tool calls: see tool_calls.py. The outputs of every choice are sampled here,
+before the engine sees the request; the `Plan` holds them and everything else the response shapes
+(openai_shapes.py, openai_stream.py) need.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from emulator.errors import ApiError, check_context, invalid, is_token_list
 from emulator.replica import Job, Replica, new_rid
 from emulator.sampler import Completion, Sampling
 from emulator.structured_output import openai_grammar
-from emulator.tokenizer import apply_chat_template
 from emulator.tool_calls import tool_call, tool_target
 
 
@@ -92,12 +91,7 @@ def parse_chat(body: dict[str, Any], replica: Replica) -> Parsed:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise invalid("messages", name, "Field required: a non-empty list of messages [type=missing]")
-    tools = body.get("tools") or None
-    cont = bool(body.get("continue_final_message"))
-    text = apply_chat_template(
-        messages, tools=tools, add_generation_prompt=not cont, continue_final_message=cont
-    )
-    prompt = tuple(replica.tokenizer.encode(text))
+    prompt = tuple(replica.tokenizer.chat_ids(messages, body.get("tools"), body))
     max_new = _int(body, "max_completion_tokens", name) or _int(body, "max_tokens", name) or None
     if max_new is not None and max_new < 0:
         raise ApiError("max_tokens must be non-negative")

@@ -31,7 +31,7 @@ from emulator.sampler import Completion, Sampler, Sampling
 from emulator.storage import FileStorage
 from emulator.tickets import Emitted, EngineLimits, Event, Failed, Finished, Prefilled, Ticket, Work
 from emulator.timing import PROFILES, ProfileTiming
-from emulator.tokenizer import PseudoTokenizer
+from emulator.tokenizer_kind import Tokenizer, make_tokenizer
 
 STORAGE_CAPACITY_TOKENS = 50_000_000
 WEIGHT_VERSION = "default"  # /model_info, meta_info and the OpenAI bodies' metadata
@@ -91,7 +91,7 @@ def kv_recorder(cfg: EmulatorConfig) -> KvRecorder | None:
 class Replica:
     cfg: EmulatorConfig
     port: int
-    tokenizer: PseudoTokenizer
+    tokenizer: Tokenizer
     sampler: Sampler
     engine: Engine
     metrics: Metrics
@@ -104,7 +104,7 @@ class Replica:
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
-        tokenizer = PseudoTokenizer()
+        tokenizer = make_tokenizer(cfg.emu_tokenizer, cfg.tokenizer_path)
         metrics = Metrics(cfg.served_model_name, cfg.mamba_slots)
         timing = ProfileTiming(PROFILES[cfg.emu_profile], hicache=cfg.hicache)
         limits = EngineLimits(

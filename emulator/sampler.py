@@ -3,7 +3,8 @@
 There is no model, so the output is drawn from a seeded RNG keyed by (emulator seed, hash of the prompt
 token ids, choice index, the request's own `seed`): the same request on the same emulator gets the same
 text, and different choices of one request differ. Text is a sequence of short words; its token ids come
-from the pseudo-tokenizer, so `prompt + output` is exactly what a follow-up turn re-sends.
+from the replica's tokenizer (either kind), so `prompt + output` is what a follow-up turn re-sends: the
+output text re-encodes to the same ids (pseudo: by construction; hf: BPE cut at a token boundary).
 
 Length rules (OpenAI routes and /generate alike):
 - a max token count given → exactly that many tokens, finish reason "length";
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import xxhash
 
 from emulator.structured_output import JsonGrammar
-from emulator.tokenizer import PseudoTokenizer
+from emulator.tokenizer_kind import Tokenizer
 from emulator.words import WORDS
 
 EOS_TEXT = "<|im_end|>"
@@ -61,7 +62,7 @@ class Completion:
 
 
 class Sampler:
-    def __init__(self, tokenizer: PseudoTokenizer, seed: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, seed: int) -> None:
         self.tokenizer = tokenizer
         self.seed = seed
         self.eos_id = tokenizer.encode(EOS_TEXT)[0]

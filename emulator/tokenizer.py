@@ -115,6 +115,18 @@ class PseudoTokenizer:
     def count(self, text: str) -> int:
         return len(_PIECE_RE.findall(text))
 
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
+    ) -> list[int]:
+        """The ids of ``apply_chat_template`` (tools as sent; ``continue_final_message`` leaves the last turn
+        open and adds no generation prompt)."""
+        cont = bool(body.get("continue_final_message"))
+        tool_list = tools if isinstance(tools, list) and tools else None
+        text = apply_chat_template(
+            messages, tool_list, add_generation_prompt=not cont, continue_final_message=cont
+        )
+        return self.encode(text)
+
     def _piece(self, i: int) -> str:
         piece = self._pieces.get(i)
         if piece is not None:

@@ -1,0 +1,122 @@
+"""A real tokenizer directory (``--emu-tokenizer hf``), loaded as SGLang loads ``--tokenizer-path``.
+
+``tokenizer.json`` through the HF ``tokenizers`` library; the chat template from ``chat_template.jinja``
+or ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{name, template}`` of which
+``default`` is used), rendered by emulator/chat_template.py. The token ids of a request:
+
+- chat: ``encode(render(messages), add_special_tokens=False)`` (HF's ``apply_chat_template(...,
+  tokenize=True)``), plus ``encode(prefix)`` without a leading BOS for ``continue_final_message``;
+- text (completions, /generate ``text``, /tokenize): ``encode(text)`` (the tokenizer's own special-token
+  handling, as SGLang's tokenizer manager calls it);
+- token ids: as given.
+
+``decode`` keeps special tokens (the emulator's outputs carry none).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from emulator.chat_template import NO_TEMPLATE, ChatTemplate, sglang_tools
+from emulator.errors import ApiError
+
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def special_tokens(config: Mapping[str, Any]) -> dict[str, Any]:
+    """HF's special_tokens_map as template variables: the string-valued special tokens of the config."""
+    out: dict[str, Any] = {k: t for k in SPECIAL_KEYS if (t := _token_text(config.get(k))) is not None}
+    extra = config.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [t for e in extra if (t := _token_text(e)) is not None]
+    return out
+
+
+def template_source(directory: Path, config: Mapping[str, Any]) -> str | None:
+    jinja_file = directory / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    source = config.get("chat_template")
+    if isinstance(source, list):
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, Mapping)}
+        source = named.get("default")
+    return source if isinstance(source, str) else None
+
+
+class HfTokenizer:
+    """The tokenizer of one directory (``tokenizer.json`` + ``tokenizer_config.json``)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+        config_file = self.directory / "tokenizer_config.json"
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        source = template_source(self.directory, config)
+        self.template = None if source is None else ChatTemplate(source, special_tokens(config))
+        bos = _token_text(config.get("bos_token"))
+        self.bos_id = None if bos is None else self.tokenizer.token_to_id(bos)
+        self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text).ids)
+
+    def chat_text(self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
+        """The rendered prompt of a chat request (without a continued final message's content)."""
+        return self._render(self._split(messages, body)[0], tools, body)
+
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
+    ) -> list[int]:
+        """A chat request's prompt token ids, as SGLang computes them (module docstring)."""
+        msgs, prefix = self._split(messages, body)
+        text = self._render(msgs, tools, body)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        if prefix:
+            tail = self.encode(prefix)
+            ids += tail[1:] if tail and tail[0] == self.bos_id else tail
+        return ids
+
+    def _split(
+        self, messages: Sequence[Mapping[str, Any]], body: Mapping[str, Any]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        if self.template is None:
+            raise ApiError(NO_TEMPLATE, 400, "BadRequest")
+        msgs = self.template.messages(messages)
+        if msgs and msgs[-1].get("role") == "assistant" and body.get("continue_final_message"):
+            content = msgs[-1].get("content")
+            return msgs[:-1], content if isinstance(content, str) else None
+        return msgs, None
+
+    def _render(self, msgs: list[dict[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
+        assert self.template is not None
+        extra = body.get("chat_template_kwargs")
+        kwargs = {
+            "reasoning_effort": body.get("reasoning_effort"),
+            **(extra if isinstance(extra, dict) else {}),
+        }
+        functions = sglang_tools(tools, body.get("tool_choice", "auto"))
+        return self.template.render_request(msgs, functions, kwargs)
+
+
+@functools.lru_cache(maxsize=8)
+def load(directory: str) -> HfTokenizer:
+    """One tokenizer per directory and process (the replicas of one process share it)."""
+    return HfTokenizer(directory)

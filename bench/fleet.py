@@ -9,7 +9,9 @@ Every replica runs SGLang's HiCache write_back setup (`--enable-hierarchical-cac
 write_back --hicache-ratio 2`) with `--enable-cache-report --enable-metrics` and the emulator's debug
 endpoints (`--emu-debug`: /_emu/state, /_emu/predict, the `x-emu-replica` header). The GPU pool is
 capped with `--max-total-tokens` so that workloads whose working set exceeds the fleet's GPU pools stay
-small enough to replay in seconds; the host pool is ratio x GPU, as in SGLang.
+small enough to replay in seconds; the host pool is ratio x GPU, as in SGLang. Optionally (exact mode)
+every replica tokenizes with a real tokenizer directory (`FleetSpec.tokenizer`) and publishes KV events
+in a chosen encoding (`FleetSpec.kv_events`) to consecutive loopback ports (`kv_endpoints`).
 
 `replica_counters` reads each replica's counters from /_emu/state (requests served, tokens loaded back
 from host and storage): the ground truth of per-replica load for every system, including the ones that
@@ -20,6 +22,8 @@ do not say where they sent a request. `replica_work` turns them, with the cached
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -66,6 +70,10 @@ class FleetSpec:
     page_size: int = 16
     max_running_requests: int = 32
     profile: str = DEFAULT_PROFILE
+    tokenizer: str | None = (
+        None  # a tokenizer directory: every replica tokenizes with it (--emu-tokenizer hf)
+    )
+    kv_events: str | None = None  # a KV-event encoding ("0.5.10" | "0.5.23"): every replica publishes
 
     @classmethod
     def default(
@@ -82,7 +90,28 @@ class FleetSpec:
     def timing(self) -> ProfileTiming:
         return ProfileTiming(PROFILES[self.profile], hicache=True)
 
-    def args(self, seed: int) -> list[str]:
+    def args(self, seed: int, kv_port: int | None = None) -> list[str]:
+        """The launch flags; with `kv_events`, replica i's PUB connects to 127.0.0.1:(kv_port + i), the
+        subscriber binds (kv_port: a free run of `replicas` ports picked now unless given)."""
+        return [*self._base_args(seed), *self._tokenizer_args(), *self._kv_events_args(kv_port)]
+
+    def _tokenizer_args(self) -> list[str]:
+        if self.tokenizer is None:
+            return []
+        return ["--emu-tokenizer", "hf", "--tokenizer-path", self.tokenizer, "--model-path", self.tokenizer]
+
+    def _kv_events_args(self, kv_port: int | None) -> list[str]:
+        if self.kv_events is None:
+            return []
+        port = free_port_run(self.replicas) if kv_port is None else kv_port
+        config = {"publisher": "zmq", "endpoint": f"tcp://{LOOPBACK}:{port}"}
+        return ["--kv-events-config", json.dumps(config), "--emu-kv-events-format", self.kv_events]
+
+    def kv_endpoints(self, kv_port: int) -> list[str]:
+        """Where a subscriber binds to hear each replica (in --ports order) for `args(seed, kv_port)`."""
+        return [f"tcp://{LOOPBACK}:{kv_port + i}" for i in range(self.replicas)]
+
+    def _base_args(self, seed: int) -> list[str]:
         return [
             "--emu-profile", self.profile,
             "--enable-hierarchical-cache",
@@ -99,7 +128,8 @@ class FleetSpec:
         ]  # fmt: skip
 
     def meta(self) -> dict[str, object]:
-        return {
+        extra = {k: v for k, v in (("tokenizer", self.tokenizer), ("kv_events", self.kv_events)) if v}
+        return extra | {
             "profile": self.profile,
             "replicas": self.replicas,
             "gpu_tokens_per_replica": self.gpu_tokens,
@@ -107,6 +137,30 @@ class FleetSpec:
             "page_size": self.page_size,
             "time_scale": self.time_scale,
         }
+
+
+def free_port_run(n: int, host: str = LOOPBACK, attempts: int = 50) -> int:
+    """The first of n consecutive ports free right now on `host` (each bound together, then released)."""
+    for _ in range(attempts):
+        base = free_ports(1, host)[0]
+        if base + n <= 65536 and _all_free(range(base, base + n), host):
+            return base
+    raise OSError(f"no run of {n} free ports on {host}")
+
+
+def _all_free(ports: range, host: str) -> bool:
+    socks: list[socket.socket] = []
+    try:
+        for port in ports:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,6 +78,21 @@ class HfTokenizer:
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text).ids)
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """The text each token adds, so that ``"".join`` of them is ``decode(ids)``: incremental
+        detokenization (a token that ends inside a UTF-8 character adds "" and the next one the character)."""
+        out: list[str] = []
+        prefix, read = 0, 0  # the window decode(ids[prefix:read]) already emitted
+        for k in range(len(ids)):
+            done = self.decode(ids[prefix:read])
+            text = self.decode(ids[prefix : k + 1])
+            if k + 1 < len(ids) and (len(text) <= len(done) or text.endswith("\ufffd")):
+                out.append("")
+                continue
+            out.append(text[len(done) :])
+            prefix, read = read, k + 1
+        return out
+
     def chat_text(self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
         """The rendered prompt of a chat request (without a continued final message's content)."""
         return self._render(self._split(messages, body)[0], tools, body)

@@ -74,7 +74,7 @@ class Sampler:
     def sample(self, prompt: Sequence[int], params: Sampling, choice: int) -> Completion:
         rng = self.rng(prompt, params.seed, choice)
         ids, natural = self._draw(rng, params)
-        pieces = tuple(self.tokenizer.decode([i]) for i in ids)
+        pieces = tuple(self.tokenizer.token_texts(ids))
         text = "".join(pieces)
         finish = "stop" if natural else "length"
         matched: str | int | None = self.eos_id if natural else None

@@ -115,6 +115,10 @@ class PseudoTokenizer:
     def count(self, text: str) -> int:
         return len(_PIECE_RE.findall(text))
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """The text of each token (its piece)."""
+        return [self._piece(i) for i in ids]
+
     def chat_ids(
         self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
     ) -> list[int]:

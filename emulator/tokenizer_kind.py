@@ -26,6 +26,10 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """The text of each token of an output; their concatenation is the output's text."""
+        ...
+
     def chat_ids(
         self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
     ) -> list[int]:

@@ -62,7 +62,7 @@ def tool_call(
     }
     raw = f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {args}}}\n</tool_call>'
     ids = tuple(sampler.tokenizer.encode(raw))
-    pieces = tuple(sampler.tokenizer.decode([i]) for i in ids)
+    pieces = tuple(sampler.tokenizer.token_texts(ids))
     zero = tuple(0.0 for _ in ids)
     top = tuple(((p, 0.0),) for p in pieces)
     return call, Completion(ids, pieces, raw, "tool_calls", None, zero, top)

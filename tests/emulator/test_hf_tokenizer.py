@@ -110,6 +110,15 @@ def test_a_template_error_is_a_400(tmp_path: Path) -> None:
     assert err.value.status == 400 and err.value.message == "System role not supported"
 
 
+def test_token_texts_concatenate_to_the_decoded_text() -> None:
+    hf = HfTokenizer(BPE)
+    text = "caf\u00e9 \u2615 and \U0001f600 plain"
+    ids = hf.encode(text)
+    texts = hf.token_texts(ids)
+    assert len(texts) == len(ids) and "".join(texts) == text and "\ufffd" not in "".join(texts)
+    assert "".join(hf.token_texts(ids[:3])) == hf.decode(ids[:3])  # a cut inside a character
+
+
 def test_pseudo_stays_the_default() -> None:
     cfg = parse_args([])
     assert cfg.emu_tokenizer == "pseudo"
@@ -143,6 +152,22 @@ async def test_prompt_tokens_are_the_hf_counts(emulator: StartEmu, http: aiohttp
     async with http.get(emu.url + "/get_server_info") as resp:
         info = await resp.json()
     assert info["tokenizer_path"] == info["model_path"] == str(BPE)
+
+
+async def test_structured_output_with_non_ascii_text(emulator: StartEmu, http: aiohttp.ClientSession) -> None:
+    emu = await emulator(*HF)
+    schema = {
+        "type": "object",
+        "properties": {"drink": {"enum": ["caf\u00e9 \u2615"]}},
+        "required": ["drink"],
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}
+    body = {"messages": [USER], "response_format": fmt, "stream": True}
+    async with http.post(emu.url + "/v1/chat/completions", json=body) as resp:
+        lines = [ln async for ln in resp.content if ln.startswith(b"data: {")]
+    chunks = [json.loads(ln[6:]) for ln in lines]
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert json.loads(content) == {"drink": "caf\u00e9 \u2615"}
 
 
 async def test_a_growing_conversation_hits_its_earlier_turn(

@@ -11,12 +11,21 @@ or ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of ``{name
 - token ids: as given.
 
 ``decode`` keeps special tokens (the emulator's outputs carry none).
+
+Chat prompts are encoded piecewise: ``tokenizers`` cuts the text at added tokens before it pre-tokenizes,
+so ``encode(a + special + b) == encode(a) + [special] + encode(b)`` when no added token strips its
+neighbours (``lstrip``/``rstrip``/``single_word``) and there is no normalizer. The pieces between added
+tokens (a turn's content, mostly) are remembered in a bounded LRU, so a growing conversation encodes only
+its new turns; any other tokenizer encodes the whole text at once.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,12 +64,56 @@ def template_source(directory: Path, config: Mapping[str, Any]) -> str | None:
     return source if isinstance(source, str) else None
 
 
+SEGMENT_CACHE_TOKENS = 4_000_000
+
+
+class SegmentEncoder:
+    """``encode(text, add_special_tokens=False)`` as the concatenation of the encodings of the text's
+    pieces between added tokens; those pieces' ids are kept in an LRU of at most ``budget`` tokens."""
+
+    def __init__(self, tokenizer: Tokenizer, budget: int = SEGMENT_CACHE_TOKENS) -> None:
+        self.tokenizer = tokenizer
+        added = tokenizer.get_added_tokens_decoder()
+        plain = not any(t.lstrip or t.rstrip or t.single_word or t.normalized for t in added.values())
+        self.exact = plain and tokenizer.normalizer is None and bool(added)
+        self.ids = {t.content: i for i, t in added.items()}
+        alternatives = "|".join(re.escape(c) for c in sorted(self.ids, key=len, reverse=True))
+        self.split = re.compile(f"({alternatives})") if added else None
+        self.budget = budget
+        self.cached = 0
+        self.cache: OrderedDict[str, array[int]] = OrderedDict()
+
+    def encode(self, text: str) -> list[int]:
+        if not self.exact or self.split is None:
+            return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        out: list[int] = []
+        for k, piece in enumerate(self.split.split(text)):
+            if k % 2:
+                out.append(self.ids[piece])
+            elif piece:
+                out.extend(self._piece(piece))
+        return out
+
+    def _piece(self, piece: str) -> array[int]:
+        ids = self.cache.get(piece)
+        if ids is not None:
+            self.cache.move_to_end(piece)
+            return ids
+        ids = array("I", self.tokenizer.encode(piece, add_special_tokens=False).ids)
+        self.cache[piece] = ids
+        self.cached += len(ids)
+        while self.cached > self.budget and len(self.cache) > 1:
+            self.cached -= len(self.cache.popitem(last=False)[1])
+        return ids
+
+
 class HfTokenizer:
     """The tokenizer of one directory (``tokenizer.json`` + ``tokenizer_config.json``)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+        self.segments = SegmentEncoder(self.tokenizer)
         config_file = self.directory / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         source = template_source(self.directory, config)
@@ -103,7 +156,7 @@ class HfTokenizer:
         """A chat request's prompt token ids, as SGLang computes them (module docstring)."""
         msgs, prefix = self._split(messages, body)
         text = self._render(msgs, tools, body)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+        ids = self.segments.encode(text)
         if prefix:
             tail = self.encode(prefix)
             ids += tail[1:] if tail and tail[0] == self.bos_id else tail

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from emulator.config import parse_args
 from emulator.errors import ApiError
-from emulator.hf_tokenizer import HfTokenizer
+from emulator.hf_tokenizer import HfTokenizer, SegmentEncoder
 from emulator.replica import Replica
 from emulator.tokenizer import PseudoTokenizer
 from routing.hashing import token_block_hashes
@@ -108,6 +108,32 @@ def test_a_template_error_is_a_400(tmp_path: Path) -> None:
     with pytest.raises(ApiError) as err:
         hf.chat_ids([SYSTEM, USER], None, {})
     assert err.value.status == 400 and err.value.message == "System role not supported"
+
+
+TRICKY = (
+    "a <|im_end|> b",
+    "\n\n<|im_start|>user\n\n\nx  <|im_end|>\n",
+    "<|im_start|><|im_end|>  \t<|endoftext|>x",
+    "caf\u00e9<tool_call>\n{}\n</tool_call> 12345 !!",
+    "",
+)
+
+
+def test_piecewise_encoding_is_the_whole_text_encoding(tmp_path: Path) -> None:
+    pieces = SegmentEncoder(TOK, budget=12)
+    assert pieces.exact
+    for text in (*TRICKY, render([SYSTEM, USER]), *TRICKY):
+        assert pieces.encode(text) == ids_of(text), text
+    assert pieces.cached <= 12 or len(pieces.cache) == 1  # the LRU stays within its token budget
+    doc = json.loads((BPE / "tokenizer.json").read_text())
+    doc["added_tokens"][1]["lstrip"] = True  # <|im_start|> eats the blanks before it: no piecewise path
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    stripping = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    fallback = SegmentEncoder(stripping)
+    assert not fallback.exact
+    assert [fallback.encode(t) for t in TRICKY] == [
+        stripping.encode(t, add_special_tokens=False).ids for t in TRICKY
+    ]
 
 
 def test_token_texts_concatenate_to_the_decoded_text() -> None:

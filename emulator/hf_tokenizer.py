@@ -146,10 +146,6 @@ class HfTokenizer:
             prefix, read = read, k + 1
         return out
 
-    def chat_text(self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
-        """The rendered prompt of a chat request (without a continued final message's content)."""
-        return self._render(self._split(messages, body)[0], tools, body)
-
     def chat_ids(
         self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
     ) -> list[int]:

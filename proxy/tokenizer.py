@@ -46,6 +46,7 @@ from routing.prompt import ChatPrompt, TextPrompt, TokenPrompt
 
 TOKENIZE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 THREAD_CHARS = 8192  # new text longer than this is encoded in a thread (~2.5 ms of encoding at 3.4 MB/s)
+THREAD_IDS = 32768  # ... and so is a prompt with more cached ids than this (~1.3 ms to copy them out)
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens")
 
 
@@ -126,17 +127,22 @@ class PromptTokenizer:
         ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         return ids
 
-    def chat_ids(self, text: str) -> array[int]:
+    def chat_ids(self, text: str) -> tuple[int, ...]:
         """The ids of a rendered chat, with the prefix cache, on the calling thread."""
         plan = self._plan(text)
         return self._finish(plan, *self._encode(plan))
 
-    async def chat_ids_async(self, text: str) -> array[int]:
-        """``chat_ids``, the encoding in a thread when the uncached text is long."""
+    async def ids_async(self, text: str, chat: bool) -> tuple[tuple[int, ...], bool]:
+        """(the ids of a rendered chat or of a text prompt, whether a thread computed them): in a thread
+        when the uncached text is long or the cached ids many (``_threaded``)."""
+        if not chat:
+            if len(text) <= THREAD_CHARS:
+                return tuple(self.encode(text, True)), False
+            return tuple(await asyncio.to_thread(self.encode, text, True)), True
         plan = self._plan(text)
-        if len(text) - plan.start <= THREAD_CHARS:
-            return self._finish(plan, *self._encode(plan))
-        return self._finish(plan, *await asyncio.to_thread(self._encode, plan))
+        if not _threaded(plan):
+            return self._finish(plan, *self._encode(plan)), False
+        return self._finish(plan, *await asyncio.to_thread(self._encode, plan)), True
 
     def _plan(self, text: str) -> _Plan:
         cuts = [m.end() for m in self._cuts.finditer(text)] if self._cuts is not None else []
@@ -146,16 +152,18 @@ class PromptTokenizer:
         cut = cuts[-1] if cuts else 0
         return _Plan(text, base, start, cut, keys[-1] if cut > start else None)
 
-    def _encode(self, plan: _Plan) -> tuple[list[int], list[int]]:
-        mid = self.encode(plan.text[plan.start : plan.cut]) if plan.key is not None else []
-        return mid, self.encode(plan.text[max(plan.start, plan.cut) :])
-
-    def _finish(self, plan: _Plan, mid: list[int], tail: list[int]) -> array[int]:
+    def _encode(self, plan: _Plan) -> tuple[array[int], tuple[int, ...]]:
+        """(the ids of ``text[:cut]``, all the ids): reads only immutable values, so it may run in a
+        thread (the cached arrays are never changed in place)."""
         prefix = plan.base
         if plan.key is not None:
-            prefix = plan.base + array("I", mid)
+            prefix = plan.base + array("I", self.encode(plan.text[plan.start : plan.cut]))
+        return prefix, tuple(prefix) + tuple(self.encode(plan.text[max(plan.start, plan.cut) :]))
+
+    def _finish(self, plan: _Plan, prefix: array[int], ids: tuple[int, ...]) -> tuple[int, ...]:
+        if plan.key is not None:
             self.cache.put(plan.key, prefix)
-        return prefix + array("I", tail)
+        return ids
 
     # ---- requests -------------------------------------------------------------------------------------
     async def tokenized(self, parsed: ParsedRequest) -> ParsedRequest:
@@ -165,17 +173,11 @@ class PromptTokenizer:
             source = self._source(parsed)
             if not isinstance(source, tuple):
                 return parsed if source is None else self._with(parsed, source)
-            text, chat = source
-            if chat:
-                ids: Any = await self.chat_ids_async(text)
-            elif len(text) > THREAD_CHARS:
-                ids = await asyncio.to_thread(self.encode, text, True)
-            else:
-                ids = self.encode(text, True)
+            ids, threaded = await self.ids_async(*source)
         except Unrenderable as e:
             self.counts["fallback_" + e.reason] += 1
             return parsed
-        return self._done(parsed, ids, t0, "thread" if len(text) > THREAD_CHARS else "inline")
+        return self._done(parsed, ids, t0, "thread" if threaded else "inline")
 
     def tokenized_now(self, parsed: ParsedRequest) -> ParsedRequest:
         """``tokenized`` on the calling thread (a warm-up's placement, which is not on a request path)."""
@@ -185,7 +187,7 @@ class PromptTokenizer:
             if not isinstance(source, tuple):
                 return parsed if source is None else self._with(parsed, source)
             text, chat = source
-            ids: Any = self.chat_ids(text) if chat else self.encode(text, True)
+            ids = self.chat_ids(text) if chat else tuple(self.encode(text, True))
         except Unrenderable as e:
             self.counts["fallback_" + e.reason] += 1
             return parsed
@@ -207,9 +209,9 @@ class PromptTokenizer:
             self.counts["ids"] += 1
         return None
 
-    def _done(self, parsed: ParsedRequest, ids: Any, t0: float, mode: str) -> ParsedRequest:
+    def _done(self, parsed: ParsedRequest, ids: tuple[int, ...], t0: float, mode: str) -> ParsedRequest:
         self.counts["tokenized"] += 1
-        out = self._with(parsed, TokenPrompt(tuple(ids)))
+        out = self._with(parsed, TokenPrompt(ids))
         if self.observe is not None:
             self.observe(mode, time.perf_counter() - t0)
         return out
@@ -217,6 +219,11 @@ class PromptTokenizer:
     @staticmethod
     def _with(parsed: ParsedRequest, prompt: TokenPrompt) -> ParsedRequest:
         return dataclasses.replace(parsed, routing=dataclasses.replace(parsed.routing, prompt=prompt))
+
+
+def _threaded(plan: _Plan) -> bool:
+    """Long new text (``THREAD_CHARS``), or many cached ids to copy into the prompt (``THREAD_IDS``)."""
+    return len(plan.text) - plan.start > THREAD_CHARS or len(plan.base) > THREAD_IDS
 
 
 def _splits(token: Any) -> bool:

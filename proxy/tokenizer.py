@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import re
 import time
@@ -45,6 +46,7 @@ from proxy.types import ParsedRequest
 from routing.prompt import ChatPrompt, TextPrompt, TokenPrompt
 
 TOKENIZE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+log = logging.getLogger("kvroute.tokenizer")
 THREAD_CHARS = 8192  # new text longer than this is encoded in a thread (~2.5 ms of encoding at 3.4 MB/s)
 THREAD_IDS = 32768  # ... and so is a prompt with more cached ids than this (~1.3 ms to copy them out)
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens")
@@ -177,6 +179,10 @@ class PromptTokenizer:
         except Unrenderable as e:
             self.counts["fallback_" + e.reason] += 1
             return parsed
+        except Exception:  # the tokenizer itself failed on this text: keep text keys, never fail the request
+            log.exception("tokenizing a request failed; it keeps its text keys")
+            self.counts["fallback_error"] += 1
+            return parsed
         return self._done(parsed, ids, t0, "thread" if threaded else "inline")
 
     def tokenized_now(self, parsed: ParsedRequest) -> ParsedRequest:
@@ -190,6 +196,10 @@ class PromptTokenizer:
             ids = self.chat_ids(text) if chat else tuple(self.encode(text, True))
         except Unrenderable as e:
             self.counts["fallback_" + e.reason] += 1
+            return parsed
+        except Exception:  # the tokenizer itself failed on this text: keep text keys, never fail the request
+            log.exception("tokenizing a request failed; it keeps its text keys")
+            self.counts["fallback_error"] += 1
             return parsed
         return self._done(parsed, ids, t0, "inline")
 

@@ -73,3 +73,30 @@ async def _status(url: str) -> Any:
     ):
         assert r.status == 200
         return await r.json()
+
+
+async def test_warmed_documents_are_keyed_like_the_requests_that_use_them(
+    stack_factory: StackFactory,
+) -> None:
+    stack = await stack_factory(n=2, policy="cost", tokenizer_path=str(DIR))
+    docs = [
+        {
+            "id": f"d{i}",
+            "messages": [{"role": "system", "content": f"Manual {i}. " + "Turn the valve. " * 150}],
+        }
+        for i in range(2)
+    ]
+    body = {"model": MODEL, "documents": docs, "wait": True}
+    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/warmup", json=body, headers=ADMIN) as r:
+        job = await r.json()
+        assert r.status == 200 and job["status"] == "done", job
+    for i, d in enumerate(job["documents"]):
+        assert d["tokens"] == len(_ids(docs[i]["messages"]))  # exact: the template's ids
+        (placement,) = d["replicas"]
+        question = {"model": MODEL, "messages": [*docs[i]["messages"], {"role": "user", "content": "How?"}]}
+        status, raw, _ = await post(
+            stack.url, "/admin/route/v1/chat/completions", orjson.dumps(question), ADMIN
+        )
+        preview = orjson.loads(raw)
+        assert status == 200 and preview["replica"] == placement["replica"]
+        assert preview["predicted"]["cached_tokens"]["gpu"] >= d["tokens"] - 64 - 5

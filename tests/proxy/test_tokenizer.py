@@ -30,10 +30,11 @@ BASE = PromptTokenizer.load(str(DIR))
 ROLE = st.sampled_from(["user", "assistant", "system", "tool"])
 
 
-def _direct(messages: list[dict[str, Any]]) -> list[int]:
+def _direct(messages: list[dict[str, Any]], tools: list[Any] | None = None) -> list[int]:
     """The reference: HF transformers' jinja setup rendered by hand, then one plain encode."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    text = env.from_string(TEMPLATE).render(messages=messages, tools=None, add_generation_prompt=True)
+    env.filters["tojson"] = lambda x: json.dumps(x, ensure_ascii=False)
+    text = env.from_string(TEMPLATE).render(messages=messages, tools=tools, add_generation_prompt=True)
     ids: list[int] = RAW.encode(text, add_special_tokens=False).ids
     return ids
 
@@ -63,6 +64,14 @@ def test_text_parts_are_joined_and_a_final_assistant_turn_is_continued_or_made_a
     continued = _chat({"messages": turns, "continue_final_message": True})
     assert continued == _direct(turns[:1]) + RAW.encode("Sure, the").ids
     assert _chat({"messages": turns}) == _direct([turns[0], {"role": "user", "content": "Sure, the"}])
+
+
+def test_tools_render_with_hf_tojson_unless_tool_choice_is_none() -> None:
+    tools = [{"type": "function", "function": {"name": "météo", "parameters": {"type": "object"}}}]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+    assert _chat({"messages": messages, "tools": tools}) == _direct(messages, tools)
+    assert _chat({"messages": messages, "tools": tools, "tool_choice": "none"}) == _direct(messages)
+    assert _direct(messages, tools) != _direct(messages)
 
 
 @settings(max_examples=40, deadline=None)

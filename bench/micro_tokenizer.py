@@ -60,7 +60,7 @@ def _parsed(messages: list[dict[str, Any]]) -> ParsedRequest:
 
 
 def _fresh(tok: PromptTokenizer) -> PromptTokenizer:
-    return PromptTokenizer(tok._tok, tok.template, PrefixCache())
+    return tok.with_cache(PrefixCache())
 
 
 async def bench_cold(tok: PromptTokenizer, words: WordSource, repeat: int) -> None:

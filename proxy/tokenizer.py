@@ -116,6 +116,10 @@ class PromptTokenizer:
         template = ChatTemplate(source, _special_tokens(config)) if isinstance(source, str) else None
         return cls(tok, template, cache if cache is not None else PrefixCache())
 
+    def with_cache(self, cache: PrefixCache) -> PromptTokenizer:
+        """The same tokenizer and template over another prefix cache (benchmarks, tests)."""
+        return PromptTokenizer(self._tok, self.template, cache)
+
     # ---- text -----------------------------------------------------------------------------------------
     def chat_text(self, body: dict[str, Any]) -> str:
         """The rendered chat prompt (``proxy/chat_template.py``); raises ``Unrenderable``."""

@@ -79,7 +79,7 @@ def test_tools_render_with_hf_tojson_unless_tool_choice_is_none() -> None:
 def test_the_prefix_cache_gives_exactly_the_cold_ids_of_a_growing_conversation(
     turns: list[tuple[str, str]], entries: int
 ) -> None:
-    warm = PromptTokenizer(BASE._tok, BASE.template, PrefixCache(max_entries=entries))
+    warm = BASE.with_cache(PrefixCache(max_entries=entries))
     messages: list[dict[str, Any]] = []
     for role, text in turns:
         messages.append({"role": role, "content": text})

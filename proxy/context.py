@@ -31,6 +31,7 @@ from proxy.model_names import resolve
 from proxy.rate_limit import RateLimiter
 from proxy.retry_budget import RetryBudget
 from proxy.settings import Settings
+from proxy.tokenizer import PromptTokenizer
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
 from routing.pipeline import NoCandidates
@@ -70,6 +71,7 @@ class Gateway:
     limiter: RateLimiter = field(default_factory=RateLimiter)
     deadlines: Deadlines = field(init=False)  # from the settings (proxy/deadlines.py)
     retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/retry_budget.py)
+    tokenizer: PromptTokenizer | None = None  # --tokenizer-path: prompts as token ids (proxy/tokenizer.py)
 
     def __post_init__(self) -> None:
         self.deadlines = self.settings.deadlines()
@@ -106,6 +108,10 @@ class Gateway:
         return dataclasses.replace(
             parsed, model=model, routing=dataclasses.replace(parsed.routing, model=model)
         )
+
+    async def exact(self, parsed: ParsedRequest) -> ParsedRequest:
+        """The request with its prompt as the engine's token ids when the gateway has a tokenizer."""
+        return parsed if self.tokenizer is None else await self.tokenizer.tokenized(parsed)
 
     def route(self, parsed: ParsedRequest) -> Ticket:
         """Steps 2-5 of the data flow: the snapshot of the replicas serving the model → the Router."""

@@ -59,6 +59,11 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--retry-backoff-max", "S", "the cap of the retry backoff"),
     ("--retry-budget", "RATIO", "retries over 10 s stay under this fraction of the requests (+ the floor)"),
     ("--retry-budget-floor", "N", "retries per second always allowed, however quiet the gateway"),
+    (
+        "--tokenizer-path",
+        "DIR",
+        "the model's tokenizer directory (tokenizer.json, tokenizer_config.json): keys from token ids",
+    ),
     ("--log-level", "LEVEL", "debug, info, warning, error or critical"),
     ("--seed", "N", "seed of every tie-break (a run is reproducible for a given request order)"),
     (

@@ -1,7 +1,8 @@
 """HTTP handlers. A generation request reads top to bottom as the data flow of docs/design.md:
 parse (once) → input limits (``proxy/input_limits.py``) → check model → the tenant's namespace and rate
-limits (``proxy/tenancy.py``) → [the response cache, when on: a hit answers here] → route (the Router
-decides and records: a Ticket) → forward (relay, retry, finish the ticket, release, abort).
+limits (``proxy/tenancy.py``) → [the prompt as token ids, with ``--tokenizer-path``] → [the response
+cache, when on: a hit answers here] → route (the Router decides and records: a Ticket) → forward (relay,
+retry, finish the ticket, release, abort).
 
 Also here: pass-through of any other ``/v1/*`` path (routed by the same policy, the body's ``model``
 honoured when present); an OpenAI-shaped 405 for a method a route does not take; and the middleware
@@ -54,6 +55,7 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
         check_limits(parsed, raw, st)
         parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
         try:
+            parsed = await gw.exact(parsed)
             cache = request.app.get(RESPONSE_CACHE)
             if cache is not None:
                 return await cache.serve(

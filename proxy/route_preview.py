@@ -5,13 +5,13 @@ recorded (``Router.preview``).
     POST /admin/route/v1/completions        {completions body}
     POST /admin/route/generate              {SGLang /generate body}
 
-The body is parsed, its model resolved and its session key read (``--session-header``,
-``--session-field``) exactly as the real route does, so a preview answers for the request as sent. The
-answer: ``replica``, ``reason``, ``ranked`` (the retry order), ``cost`` (the policy's score), and
-``predicted``: ``ttft_s`` and its terms in seconds (``queue_s``, ``prefill_s``, ``reload_s``,
-``overhead_s``), ``prompt_tokens`` (the estimate), ``cached_tokens`` per tier (``gpu``, ``host``,
-``storage``: the cache model's match on that replica). Behind the admin key (``proxy/admin.py``), like
-every admin endpoint: a preview shows the fleet's cache map.
+The body is parsed, its model resolved, its session key read (``--session-header``, ``--session-field``)
+and its prompt tokenized (``--tokenizer-path``) exactly as the real route does, so a preview answers for
+the request as sent. The answer: ``replica``, ``reason``, ``ranked`` (the retry order), ``cost`` (the
+policy's score), and ``predicted``: ``ttft_s`` and its terms in seconds (``queue_s``, ``prefill_s``,
+``reload_s``, ``overhead_s``), ``prompt_tokens`` (the estimate), ``cached_tokens`` per tier (``gpu``,
+``host``, ``storage``: the cache model's match on that replica). Behind the admin key
+(``proxy/admin.py``), like every admin endpoint: a preview shows the fleet's cache map.
 
 Uses: an operator asking "why would this go there?", and ``bench.gateways`` asking every gateway of a
 fleet the same question at the same moment (do they share one view?).
@@ -49,7 +49,7 @@ async def preview_route(request: web.Request) -> web.Response:
     parsed = gw.resolve_model(
         parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
     )
-    body = orjson.dumps(_doc(_preview(gw, parsed)))
+    body = orjson.dumps(_doc(_preview(gw, await gw.exact(parsed))))
     return web.Response(body=body, content_type="application/json")
 
 

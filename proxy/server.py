@@ -40,6 +40,7 @@ from proxy.observe import observe_ctx
 from proxy.request_body import body_middleware
 from proxy.serving import StartupError, serve, tls_context
 from proxy.settings import Settings, SettingsError, load_settings
+from proxy.tokenizer import PromptTokenizer, observe_tokenizer
 from proxy.types import Route
 from proxy.upstream import Upstream
 from routing.router import Router
@@ -60,7 +61,9 @@ def build_gateway(settings: Settings) -> Gateway:
         lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],
         router.accuracy,
     )
-    return Gateway(settings=settings, fleet=fleet, router=router, metrics=metrics)
+    tokenizer = PromptTokenizer.load(settings.tokenizer_path) if settings.tokenizer_path else None
+    observe_tokenizer(metrics, tokenizer)
+    return Gateway(settings=settings, fleet=fleet, router=router, metrics=metrics, tokenizer=tokenizer)
 
 
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -99,6 +99,7 @@ class Settings:
     max_json_depth: int = 64  # nesting of objects and arrays in a request body
     tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
     tls_key: str | None = None  # its PEM private key
+    tokenizer_path: str | None = None  # the model's tokenizer directory: token-id keys (proxy/tokenizer.py)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -297,6 +298,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "max_json_depth": _int(2, 1000),
     "tls_cert": _str,
     "tls_key": _str,
+    "tokenizer_path": _str,
 }
 
 

@@ -174,7 +174,8 @@ class WarmJobs:
     def _place(self, doc: Document, count: int | None, warmed: dict[ReplicaId, float]) -> WarmDoc:
         router, fleet = self.gw.router, self.gw.fleet
         states = fleet.snapshot(doc.model)
-        request = doc.whole().parsed.routing
+        whole = doc.whole().parsed
+        request = (self.gw.tokenizer.tokenized_now(whole) if self.gw.tokenizer else whole).routing
         order = router.place_warmup(request, states, warmed)
         chosen = order if count is None else order[:count]
         wd = WarmDoc(doc, router.prepare(request), [Placement(r) for r in chosen])
@@ -284,7 +285,7 @@ class WarmJobs:
         """One step under a load lease; False when a live request preempted it (not an error)."""
         gw = self.gw
         states = gw.fleet.snapshot(step.parsed.model)
-        ticket = gw.router.assign(step.parsed.routing, states, replica)
+        ticket = gw.router.assign((await gw.exact(step.parsed)).routing, states, replica)
         terms = ticket.prediction.terms
         work = Work(
             time.monotonic(), round(terms.uncached_tokens), terms.prefill_s + terms.reload_s, terms.total,

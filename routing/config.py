@@ -22,6 +22,11 @@ class RoutingConfig:
     block_chars: int = 256  # characters of canonical prompt per hashed block
     chars_per_token: float = 4.0  # initial estimate; learned from usage.prompt_tokens
     max_blocks: int = 16384  # blocks hashed per request (4M characters at the default block size)
+    # exact keys (token-id prompts: the gateway's --tokenizer-path, or a body's input_ids): token ids per
+    # hashed block (routing.hashing.token_block_hashes). A replica's KV events map onto these keys only
+    # when this is a multiple of its page size (SGLang --page-size; 1 by default), so that every block
+    # boundary is a page boundary.
+    token_block: int = 64
 
     # cache model (routing.cache_model)
     model_budget_blocks: int = 10_000_000  # total blocks remembered over all replicas and tiers

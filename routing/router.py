@@ -9,9 +9,11 @@ The proxy drives one request through it in three calls, and never reaches past i
     router.finish(ticket, report)                    # what the replica reported: learn, confirm or roll back
 
 ``route`` renders the typed prompt canonically (``routing.canonical``), hashes it into chained blocks
-(``routing.hashing``), estimates its tokens (``routing.tokens``, the one estimator), syncs the cache
-model with the snapshot once, matches every replica, lets the policy (``routing.pipeline``) decide,
-tells the policy's stages where the request went, and records it in the cache model. The ``Ticket``
+(``routing.hashing``; a token-id prompt, from a body's ids or the gateway's tokenizer, is hashed per
+``token_block`` ids instead: the exact keys KV events map to), estimates its tokens (``routing.tokens``,
+the one estimator), syncs the cache model with the snapshot once, matches every replica, lets the policy
+(``routing.pipeline``) decide, tells the policy's stages where the request went, and records it in the
+cache model. The ``Ticket``
 carries everything the outcome needs: the routing request, the decision, a typed ``Prediction`` (the
 match and the TTFT terms on the replica that will serve it) and the cache model's receipt; a retried
 request's outcome is therefore learned against the replica that served it.
@@ -39,7 +41,7 @@ from routing.cache_model import CacheModel, Recorded
 from routing.calibration import AccuracyStats
 from routing.canonical import namespace_salt, render
 from routing.config import RoutingConfig
-from routing.hashing import block_hashes
+from routing.hashing import block_hashes, token_block_hashes
 from routing.ledger import OpenTickets
 from routing.pipeline import Choice
 from routing.policies.factory import build_policy
@@ -47,7 +49,7 @@ from routing.prompt import PromptRequest, TokenPrompt
 from routing.rates import RateBook
 from routing.sharing import Discarded, Event, Outbox, Restarted, Routed, apply_events
 from routing.status import RouterStatus, router_status
-from routing.tokens import Estimate, TokenEstimator
+from routing.tokens import TokenEstimator
 from routing.ttft import predict_ttft
 from routing.types import (
     NO_MATCH,
@@ -228,21 +230,19 @@ class Router:
         hashes: tuple[BlockHash, ...]
         if req.prompt is None:
             est, hashes, learn = self.tokens.text(req.size_bytes), (), 0
+        elif isinstance(req.prompt, TokenPrompt):  # exact: keyed per token_block ids, as KV events are
+            ids = req.prompt.ids
+            hashes = token_block_hashes(req.model, ids, salt, cfg.token_block, cfg.max_blocks)
+            est, learn = self.tokens.ids(len(ids), cfg.token_block), 0
         else:
             data = render(req.prompt).encode()
             hashes = block_hashes(req.model, data, salt, cfg.block_chars, cfg.max_blocks)
-            est, learn = self._estimate(req, data), len(data)
-            learn = 0 if est.exact else learn
+            est, learn = self.tokens.text(len(data)), len(data)
         session = xxhash.xxh3_64_hexdigest(req.session.encode()) if req.session else None
         rreq = RoutingRequest(
             req.model, hashes, est.prompt_tokens, est.block_tokens, session, salt, req.max_new_tokens
         )
         return rreq, learn
-
-    def _estimate(self, req: PromptRequest, data: bytes) -> Estimate:
-        if isinstance(req.prompt, TokenPrompt):
-            return self.tokens.ids(len(req.prompt.ids), len(data))
-        return self.tokens.text(len(data))
 
     def _open_ticket(
         self,

@@ -11,8 +11,9 @@ model's tokenizer and chat template, the same on every replica, so the first rep
 The chat template's own tokens (role headers, separators) are part of what is learned, so the estimate
 is of *engine* tokens.
 
-Token-id prompts need no estimate: their count is exact, and their block size is the prompt's own
-average (``block_chars x ids / canonical bytes``); they teach the estimator nothing.
+Token-id prompts need no estimate: their count is exact, and so is their block size (they are hashed
+per ``RoutingConfig.token_block`` ids, ``routing.hashing.token_block_hashes``); they teach the estimator
+nothing.
 
 It is the only place that converts between bytes and tokens: the cache model keeps capacities in
 engine tokens and converts them to blocks with ``block_tokens()`` when it sizes its tiers.
@@ -50,10 +51,9 @@ class TokenEstimator:
         """The estimate for a text prompt (or a body without a prompt) of ``size_bytes`` bytes."""
         return Estimate(max(1, round(size_bytes / self.bytes_per_token)), self.block_tokens())
 
-    def ids(self, count: int, size_bytes: int) -> Estimate:
-        """A token-id prompt of ``count`` ids rendered to ``size_bytes`` canonical bytes."""
-        per_token = size_bytes / count if count and size_bytes else self.bytes_per_token
-        return Estimate(max(1, count), self._block_chars / per_token, exact=True)
+    def ids(self, count: int, block_tokens: int) -> Estimate:
+        """A token-id prompt of ``count`` ids, hashed in blocks of ``block_tokens`` ids: both exact."""
+        return Estimate(max(1, count), float(block_tokens), exact=True)
 
     def observe(self, size_bytes: int, reported_tokens: int | None) -> None:
         """One text prompt's canonical size against the ``usage.prompt_tokens`` its replica reported."""

@@ -103,10 +103,10 @@ def test_bytes_per_token_converges_and_ignores_tiny_prompts() -> None:
     assert est.text(3000).prompt_tokens == pytest.approx(1000, rel=0.02)
 
 
-def test_token_id_prompts_are_exact_and_their_blocks_sized_by_their_own_bytes() -> None:
+def test_token_id_prompts_are_exact_and_their_blocks_are_token_blocks() -> None:
     est = TokenEstimator(4.0, block_chars=256)
-    ids = est.ids(count=100, size_bytes=512)
-    assert ids.exact and ids.prompt_tokens == 100 and ids.block_tokens == pytest.approx(50.0)
+    ids = est.ids(count=100, block_tokens=64)
+    assert ids.exact and ids.prompt_tokens == 100 and ids.block_tokens == 64.0
 
 
 def test_a_replica_is_shrunk_toward_the_fleet_until_it_has_its_own_samples() -> None:

@@ -22,6 +22,7 @@ class RoutingConfig:
     block_chars: int = 256  # characters of canonical prompt per hashed block
     chars_per_token: float = 4.0  # initial estimate; learned from usage.prompt_tokens
     max_blocks: int = 16384  # blocks hashed per request (4M characters at the default block size)
+    token_block: int = 64  # tokens per key block of token-id prompts (exact mode, routing.kv_index)
 
     # cache model (routing.cache_model)
     model_budget_blocks: int = 10_000_000  # total blocks remembered over all replicas and tiers

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from itertools import filterfalse, repeat
 
 from routing.types import BlockHash, ReplicaState, WritePolicy
@@ -100,7 +100,7 @@ class BlockLru:
         self.capacity = capacity
         self.tokens = 0.0
 
-    def __contains__(self, block: BlockHash) -> bool:
+    def __contains__(self, block: object) -> bool:
         return block in self._blocks
 
     def __len__(self) -> int:
@@ -133,7 +133,7 @@ class BlockLru:
     def clear(self) -> None:
         self._blocks, self.tokens = {}, 0.0
 
-    def overflow(self, pinned: BlockLru | None = None) -> dict[BlockHash, float]:
+    def overflow(self, pinned: Container[BlockHash] | None = None) -> dict[BlockHash, float]:
         """Evicts least recently used blocks when over capacity, the excess and a batch of a 64th of the
         capacity's blocks (at the mean weight) at once; returns them with their weights, oldest first.
 
@@ -203,13 +203,17 @@ class BlockLru:
 class ReplicaTiers:
     """GPU, host and storage tiers of one replica with its write policy (see the module docstring)."""
 
-    __slots__ = ("gpu", "host", "policy", "storage")
+    __slots__ = ("backed", "gpu", "host", "policy", "storage", "union")
 
     def __init__(self) -> None:
         self.gpu = BlockLru()
         self.host = BlockLru()
         self.storage = BlockLru()
         self.policy: WritePolicy | None = None
+        # exact mode (routing.exact): the keys the replica's KV events say it holds, never evicted by
+        # capacity; ``union``: they hold for GPU or host together (0.5.10), the split being guessed
+        self.backed: Container[BlockHash] | None = None
+        self.union = False
 
     def configure(self, gpu: float, host: float, storage: float, policy: WritePolicy | None) -> None:
         """Sets capacities in engine tokens (host 0 = no reusable host tier) and evicts down to them."""
@@ -248,6 +252,10 @@ class ReplicaTiers:
         g, h, s = self.runs(hashes)
         m = g + h + s
         host, storage = self.host, self.storage
+        if self.backed is not None and not self.union:  # exact tiers: only the GPU gets it, for now
+            self.gpu.touch_all(hashes[::-1], weight)
+            self.settle()
+            return g, h, s
         if host.capacity > 0:
             hosted = self._hosted(hashes, g, m)
             if storage.capacity > 0:
@@ -266,17 +274,20 @@ class ReplicaTiers:
         return hashes if self.policy in _COPY_AT_INSERT else hashes[g:m]
 
     def settle(self) -> None:
-        """Applies capacities: GPU overflow demotes or drops, then host and storage overflow drop."""
-        victims = self.gpu.overflow()
-        host = self.host
+        """Applies capacities: GPU overflow demotes or drops, then host and storage overflow drop. In
+        exact mode event-backed keys are never dropped: pinned on GPU, or with ``union`` demoted to host
+        (pinned on GPU when there is no host tier)."""
+        backed, host = self.backed, self.host
+        exact_gpu = backed is not None and (not self.union or host.capacity <= 0)
+        victims = self.gpu.overflow(pinned=backed if exact_gpu else None)
         if victims and self.policy is not None and host.capacity > 0:
             kept = victims
             if self.policy != "write_back":
-                kept = {b: w for b, w in victims.items() if b in host}
+                kept = {b: w for b, w in victims.items() if b in host or (backed is not None and b in backed)}
             if self.storage.capacity > 0:
                 self.storage.touch_items({b: w for b, w in kept.items() if b not in host})
             host.touch_items(kept)
-        host.overflow(pinned=self.gpu)
+        host.overflow(pinned=self.gpu if backed is None else _Either(self.gpu, backed))
         self.storage.overflow()
 
     def discard(self, blocks: Sequence[BlockHash]) -> None:
@@ -288,3 +299,15 @@ class ReplicaTiers:
         """The replica restarted: GPU and host are gone, storage (L3) survives."""
         self.gpu.clear()
         self.host.clear()
+
+
+class _Either:
+    """Membership in either of two containers (the host tier's pinned keys in exact mode)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[BlockHash], b: Container[BlockHash]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.a or key in self.b

@@ -99,6 +99,7 @@ class Settings:
     max_json_depth: int = 64  # nesting of objects and arrays in a request body
     tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
     tls_key: str | None = None  # its PEM private key
+    kv_events: str = "auto"  # auto: subscribe to replicas' KV events where reported; off (kv_subscriber)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -240,6 +241,9 @@ def _str(v: object) -> str:
     return v
 
 
+KV_EVENTS_MODES = ("auto", "off")
+
+
 _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "host": _str,
     "port": _int(0, 65535),
@@ -297,6 +301,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "max_json_depth": _int(2, 1000),
     "tls_cert": _str,
     "tls_key": _str,
+    "kv_events": _choice(KV_EVENTS_MODES),
 }
 
 

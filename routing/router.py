@@ -233,6 +233,10 @@ class Router:
         before the reset stay unmapped (counted as orphans) until the engine stores them again."""
         self.cache.kv_reset(replica, reason)
 
+    def sync(self, states: Sequence[ReplicaState]) -> None:
+        """Makes the cache model know these replicas (and their sizes) before any request is routed."""
+        self.cache.sync(states)
+
     def kv_mode(self, replica: ReplicaId) -> KvMode:
         """``exact`` or ``learned`` (and why) for ``replica``, with its event counters."""
         return self.cache.kv_mode(replica)

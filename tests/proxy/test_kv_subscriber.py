@@ -33,14 +33,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def replica(emulator_server: Emulators, fmt: str) -> Emu:
+async def replica(emulator_server: Emulators, fmt: str, *more: str) -> Emu:
     doc = {
         "publisher": "zmq",
         "endpoint": f"tcp://127.0.0.1:{free_port()}",
         "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
     }
     flags = ("--emu-time-scale", "0.01", "--page-size", "16", "--emu-enable-faults")
-    return await emulator_server(*flags, "--kv-events-config", json.dumps(doc), "--emu-kv-events-format", fmt)
+    events = ("--kv-events-config", json.dumps(doc), "--emu-kv-events-format", fmt)
+    return await emulator_server(*flags, *events, *more)
 
 
 async def generate(emu: Emu, ids: Sequence[int]) -> None:
@@ -162,3 +163,27 @@ def test_a_wildcard_endpoint_means_the_replicas_host() -> None:
     assert connect_endpoint("tcp://0.0.0.0:5557", "http://[fd00::1]:30000/") == "tcp://[fd00::1]:5557"
     assert connect_endpoint("tcp://10.1.1.1:5557", "http://10.0.0.7:30000") == "tcp://10.1.1.1:5557"
     assert connect_endpoint("ipc:///tmp/kv", "http://10.0.0.7:30000") == "ipc:///tmp/kv"
+
+
+@pytest.mark.parametrize("fmt", ["0.5.10", "0.5.23"])
+async def test_token_id_prompts_through_the_gateway_predict_the_reported_cached_tokens_exactly(
+    emulator_server: Emulators, gateway: StartGateway, fmt: str
+) -> None:
+    emu = await replica(emulator_server, fmt, "--enable-cache-report", "--max-total-tokens", "2400")
+    gw = await gateway([emu.url])
+    await complete_until_heard(gw, emu)
+    docs = [list(range(100_000 * d, 100_000 * d + 640)) for d in range(1, 4)]  # 3 x 10 key blocks
+    for turn in range(3):  # growing conversations over a GPU of 2400 tokens: the last turn evicts
+        for d, doc in enumerate(docs):
+            doc += range(100_000 * d + 50_000 + 64 * turn, 100_000 * d + 50_000 + 64 * (turn + 1))
+            await complete(gw, doc)
+    acc = gw.gw.router.accuracy()[emu.url]
+    decisions = gw.gw.metrics.history.decisions()
+    assert acc.requests >= 9 and sum(d.cached_tokens or 0 for d in decisions) > 0
+    assert [
+        (d.predicted_cached_tokens, d.cached_tokens)
+        for d in decisions
+        if d.predicted_cached_tokens != d.cached_tokens
+    ] == []
+    assert sorted(d.cached_tokens or 0 for d in decisions[:3]) == [704, 768, 768]  # one block was evicted
+    assert acc.error_ratio == 0.0

@@ -42,7 +42,6 @@ from routing.calibration import AccuracyStats, Calibration, Sample
 from routing.config import RoutingConfig
 from routing.exact import ExactState, KvMode
 from routing.kv_events import EventBatch
-from routing.kv_index import KvIndex
 from routing.ledger import Provisional
 from routing.resume import SequenceEnds, grid_tokens
 from routing.tiers import ReplicaTiers, host_reusable
@@ -121,7 +120,7 @@ class CacheModel:
             return False
         ex = r.exact
         if ex is None:
-            ex = r.exact = self._exact_state(r.state, model)
+            ex = r.exact = ExactState.for_replica(r.state, self._cfg, model)
         ex.apply(r.tiers, batch, lambda keys: self._provisional.confirm(replica, keys))
         if batch.events:
             ex.expire(r.tiers, lambda key: self._provisional.holds(replica, key))
@@ -140,12 +139,6 @@ class CacheModel:
         if r is None or r.exact is None:
             return KvMode("learned", "no KV events")
         return r.exact.mode()
-
-    def _exact_state(self, state: ReplicaState, model: str) -> ExactState:
-        page = max(1, state.page_size)
-        pages = (state.gpu_tokens + state.host_tokens) // page
-        index = KvIndex(model, self._cfg.token_block, self._cfg.max_blocks, pages)
-        return ExactState(index, float(self._cfg.token_block))
 
     def blocks(self) -> int:
         """Blocks held over all replicas and tiers (bounded by ``model_budget_blocks``)."""
@@ -231,7 +224,7 @@ class CacheModel:
         if r is None:
             return []
         exact = r.exact is not None and r.exact.exact
-        if exact and r.exact is not None and _speakable(rec.request, r.exact):
+        if exact and r.exact is not None and r.exact.speaks_for(rec.request):
             r.exact.wait_for(held)
         sample = self._sample(r, rec, report) if report.ok and report.cached_tokens is not None else None
         if sample is not None and self.calibration.learn(rec.replica, sample, adjust=not exact):
@@ -306,12 +299,6 @@ class CacheModel:
             host = min(host, limit - gpu)
             storage = min(storage, limit - gpu - host)
         return PrefixMatch(gpu, host, storage)
-
-
-def _speakable(req: RoutingRequest, ex: ExactState) -> bool:
-    """Whether the replica's events can confirm ``req``'s keys: token keys, and on 0.5.10 (which does not
-    hash the salt) no namespace."""
-    return req.exact_keys and (ex.encoding != "array" or not req.tenant)
 
 
 def _raw_capacity(state: ReplicaState) -> tuple[float, float, float]:

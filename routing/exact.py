@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from routing.config import RoutingConfig
 from routing.kv_events import AllBlocksCleared, BlockStored, EventBatch
 from routing.kv_index import KvIndex
 from routing.tiers import BlockLru, ReplicaTiers
-from routing.types import BlockHash
+from routing.types import BlockHash, ReplicaState, RoutingRequest
 
 GRACE_BATCHES = 2
 """Batches a confirmed request's keys wait for their BlockStored event before they are dropped."""
@@ -66,6 +67,17 @@ class ExactState:
         self.last_reset = ""
         self.last_ts = 0.0
         self.awaiting: dict[BlockHash, int] = {}
+
+    @classmethod
+    def for_replica(cls, state: ReplicaState, cfg: RoutingConfig, model: str) -> ExactState:
+        """Pages remembered: the replica's GPU + host capacity in pages."""
+        pages = (state.gpu_tokens + state.host_tokens) // max(1, state.page_size)
+        return cls(KvIndex(model, cfg.token_block, cfg.max_blocks, pages), float(cfg.token_block))
+
+    def speaks_for(self, req: RoutingRequest) -> bool:
+        """Whether the events can confirm ``req``'s keys: token keys, and on 0.5.10 (which does not hash
+        the salt) no namespace."""
+        return req.exact_keys and (self.encoding != "array" or not req.tenant)
 
     @property
     def exact(self) -> bool:

@@ -4,11 +4,12 @@ A replica's ``BlockStored`` events name pages of ``P`` tokens by the engine's ow
 need not match ours). Our keys (``routing.hashing.token_block_hashes``) cover blocks of ``B`` =
 ``token_block`` tokens, so ``P`` must divide ``B`` (else the replica cannot be exact: ``why`` says so).
 Each page remembers its chain state, ``(key, tail, depth)``: our key of the last full block up to and
-including it (the namespace's ``chain_seed`` before the first), the token ids after that block, and the
-number of full blocks. A page's state follows from its parent's:
+including it (the namespace's ``chain_seed`` before the first), the token ids after that block (as
+``token_bytes``, 4 bytes per id), and the number of full blocks. A page's state follows from its
+parent's:
 
-    tail' = parent.tail ‖ page ids;   if |tail'| = B:  key' = xxh3(tail' as u32le, seed=parent.key),
-                                                       tail' = (), depth' = depth + 1
+    tail' = parent.tail ‖ u32le(page ids);   if |tail'| = 4B:  key' = xxh3_64(tail', seed=parent.key),
+                                                              tail' = b"", depth' = depth + 1
 
 so a page whose parent is known maps without its whole prefix, and a chain split over many events maps
 to the same keys as ``token_block_hashes`` of the whole. The page at which a block completes *names*
@@ -21,33 +22,48 @@ SGLang 0.5.10 does not hash the salt either, so their pages key into the empty n
 traffic on 0.5.10 replicas is never confirmed by events and stays learned (``RoutingRequest.exact_keys``
 with a tenant). Pages with a LoRA id are skipped (our keys do not name adapters by id).
 
-Media: a page may be held on several (0.5.23: ``GPU`` and ``CPU_PINNED``); it is forgotten when the last
-one removes it. Memory is bounded: at most ``capacity_pages`` pages (the replica's GPU + host capacity in
-pages), the least recently stored dropped first (their keys are no longer event-backed and fall back to
-the learned model).
+Media: a page may be held on several (0.5.23: ``GPU`` and ``CPU_PINNED``, a bit each); it is forgotten
+when the last one removes it. A page costs ~250-300 bytes (its ``Page`` with a tail of up to 4B - 4
+bytes, and its dict entries). Memory is bounded: at most ``capacity_pages`` pages (the replica's GPU +
+host capacity in pages), the least recently stored dropped first (their keys are no longer event-backed
+and fall back to the learned model).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
+import xxhash
+
 from routing.canonical import namespace_salt
-from routing.hashing import chain_seed, token_block_hashes
+from routing.hashing import chain_seed, token_bytes
 from routing.kv_events import BlockStored
 from routing.prompt import Namespace
 from routing.types import BlockHash
 
 MIN_CAPACITY_PAGES = 1024
+_MEDIA_BITS = {"GPU": 1, "CPU_PINNED": 2, "DISK": 4}
+_OTHER_MEDIUM = 8
+_xxh3 = xxhash.xxh3_64_intdigest
 
 
-@dataclass(slots=True)
+def medium_bits(medium: str | None) -> int:
+    """The bit of a medium (None: every medium)."""
+    return -1 if medium is None else _MEDIA_BITS.get(medium, _OTHER_MEDIUM)
+
+
 class Page:
-    key: int  # our key of the last full block up to this page (the chain seed before the first)
-    tail: tuple[int, ...]  # token ids since that block
-    depth: int  # full blocks up to this page
-    block: BlockHash | None  # our key of the block this page completes, if it completes one
-    media: set[str] = field(default_factory=set)
+    """One engine page's chain state (see the module docstring)."""
+
+    __slots__ = ("block", "depth", "key", "media", "tail")
+
+    def __init__(self, key: int, tail: bytes, depth: int, block: BlockHash | None) -> None:
+        self.key = key  # our key of the last full block up to this page (the chain seed before the first)
+        self.tail = tail  # u32le ids since that block
+        self.depth = depth  # full blocks up to this page
+        self.block = block  # our key of the block this page completes, if it completes one
+        self.media = 0  # bits of the media holding it
 
 
 @dataclass(slots=True)
@@ -91,7 +107,7 @@ class KvIndex:
             return []
         parent = self._parent(ev)
         keys: list[BlockHash] = []
-        medium, pages = ev.medium or "GPU", self._pages
+        medium, pages = medium_bits(ev.medium or "GPU"), self._pages
         for i, h in enumerate(ev.block_hashes):
             page = pages.pop(h, None)
             if page is None:
@@ -99,7 +115,7 @@ class KvIndex:
                     self.stats.orphans += len(ev.block_hashes) - i
                     break
                 page = self._child(parent, ev.token_ids[i * size : (i + 1) * size])
-            page.media.add(medium)
+            page.media |= medium
             pages[h] = page
             if page.block is not None:
                 self._keys[page.block] = h
@@ -117,10 +133,7 @@ class KvIndex:
             page = pages.get(h)
             if page is None:
                 continue
-            if medium is None:
-                page.media.clear()
-            else:
-                page.media.discard(medium)
+            page.media &= ~medium_bits(medium)
             if page.block is not None:
                 keys.append(page.block)
             if not page.media:
@@ -130,18 +143,18 @@ class KvIndex:
     def _parent(self, ev: BlockStored) -> Page | None:
         if ev.parent_block_hash is None:
             salt = "" if ev.cache_salt is None else namespace_salt(Namespace(cache_salt=ev.cache_salt))
-            return Page(self._seed(salt), (), 0, None)
+            return Page(self._seed(salt), b"", 0, None)
         return self._pages.get(ev.parent_block_hash)
 
     def _child(self, parent: Page, ids: tuple[int, ...]) -> Page:
         """The chain state after ``parent`` and one page of ``ids`` (the formula above)."""
-        tail = parent.tail + ids
-        if len(tail) < self.token_block:
+        tail = parent.tail + token_bytes(ids)
+        if len(tail) < 4 * self.token_block:
             return Page(parent.key, tail, parent.depth, None)
         if parent.depth >= self.max_blocks:  # beyond what requests key: state only
-            return Page(parent.key, (), parent.depth + 1, None)
-        (key,) = token_block_hashes(self.model, tail, "", self.token_block, 1, seed=parent.key)
-        return Page(key, (), parent.depth + 1, key)
+            return Page(parent.key, b"", parent.depth + 1, None)
+        key = _xxh3(tail, parent.key)
+        return Page(key, b"", parent.depth + 1, key)
 
     def _seed(self, salt: str) -> int:
         seed = self._seeds.get(salt)

@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+import zmq
+import zmq.asyncio
 
 from proxy.kv_feed import KvFeed, SeqTracker, connect_endpoint
 from proxy.kv_subscriber import KV_SUBSCRIBER
@@ -42,6 +44,17 @@ async def replica(emulator_server: Emulators, fmt: str, *more: str) -> Emu:
     flags = ("--emu-time-scale", "0.01", "--page-size", "16", "--emu-enable-faults")
     events = ("--kv-events-config", json.dumps(doc), "--emu-kv-events-format", fmt)
     return await emulator_server(*flags, *events, *more)
+
+
+def can_bind(endpoint: str) -> bool:
+    sock = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        sock.bind(endpoint)
+    except zmq.ZMQError:
+        return False
+    finally:
+        sock.close(linger=0)
+    return True
 
 
 async def generate(emu: Emu, ids: Sequence[int]) -> None:
@@ -107,6 +120,12 @@ async def test_events_arrive_a_late_join_is_replayed_and_a_restart_resets(
     await wait_for(lambda: held(gw, emu, before).total_tokens == 0.0)
     await generate(emu, before)
     await wait_for(lambda: held(gw, emu, before).total_tokens == 192.0)
+    sub = gw.app[KV_SUBSCRIBER]
+    endpoint = sub.feeds[emu.url][1].endpoint
+    assert gw.gw.fleet.remove(emu.url)
+    sub.reconcile()  # the replica left the fleet: its SUB closes and the address it bound is free
+    assert sub.feeds == {}
+    await wait_for(lambda: can_bind(endpoint))
 
 
 async def test_a_gateway_with_kv_events_off_stays_learned(
@@ -138,8 +157,6 @@ def test_the_seq_tracker_names_gaps_and_restarts(seqs: list[int], kinds: list[st
 
 
 async def test_a_skipped_seq_without_replay_resets_and_a_late_join_does_not() -> None:
-    import zmq.asyncio
-
     ctx = zmq.asyncio.Context()
     applied: list[int] = []
     resets: list[str] = []

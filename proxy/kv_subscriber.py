@@ -56,6 +56,7 @@ class KvSubscriber:
         self.gw = gw
         self.ctx = zmq.asyncio.Context()
         self.feeds: dict[ReplicaId, tuple[str, KvFeed, asyncio.Task[None]]] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
     def reconcile(self) -> None:
         """Subscribes new publishers, drops feeds of replicas gone or changed."""
@@ -73,9 +74,9 @@ class KvSubscriber:
 
     async def close(self) -> None:
         for rid in list(self.feeds):
-            _, feed, task = self.feeds.pop(rid)
-            await stop(feed, task)
-        self.ctx.term()
+            self._close_later(rid)
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        self.ctx.destroy(linger=0)  # closes whatever is still open; term() alone could block
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -138,7 +139,9 @@ class KvSubscriber:
 
     def _close_later(self, rid: ReplicaId) -> None:
         _, feed, task = self.feeds.pop(rid)
-        self.gw.background.spawn(stop(feed, task))
+        closing = asyncio.get_running_loop().create_task(stop(feed, task))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
 
 async def kv_events_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -86,6 +86,8 @@ class KvSubscriber:
             if entry is None:
                 mode["why"] = mode["why"] if mode["mode"] == "exact" else self._why_not(r)
             else:
+                if not mode["batches"] and mode["mode"] == "learned":
+                    mode["why"] = "subscribed, no event batch yet"
                 mode |= {"endpoint": entry[1].endpoint} | asdict(entry[1].stats)
             out[r.id] = mode
         return out

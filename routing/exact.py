@@ -18,7 +18,8 @@ stored event confirms a key in the ledger. A request that ran no longer makes it
 itself: its keys that events can speak for (``RoutingRequest.exact_keys``; on 0.5.10 only without a
 namespace, whose salt the engine does not hash) wait ``GRACE_BATCHES`` further batches for their stored
 event and are then dropped if none came (and no in-flight request holds them). Other requests (text
-prompts keyed by characters, salted ones on 0.5.10) stay learned: LRU by capacity, as without events.
+prompts keyed by characters, salted ones on 0.5.10, gateway tenants and LoRA namespaces: see
+``ExactState.speaks_for``) stay learned: LRU by capacity, as without events.
 """
 
 from __future__ import annotations
@@ -75,9 +76,13 @@ class ExactState:
         return cls(KvIndex(model, cfg.token_block, cfg.max_blocks, pages), float(cfg.token_block))
 
     def speaks_for(self, req: RoutingRequest) -> bool:
-        """Whether the events can confirm ``req``'s keys: token keys, and on 0.5.10 (which does not hash
-        the salt) no namespace."""
-        return req.exact_keys and (self.encoding != "array" or not req.tenant)
+        """Whether the events can confirm ``req``'s keys: token keys in a namespace an event can name
+        (``cache_salt + extra_key`` alone: a namespace with a gateway tenant or a LoRA part, joined by
+        NUL in ``namespace_salt``, is not what an event's ``cache_salt`` keys), and on 0.5.10 (which does
+        not hash the salt) no namespace at all."""
+        if not req.exact_keys or "\x00" in req.tenant:
+            return False
+        return self.encoding != "array" or not req.tenant
 
     @property
     def exact(self) -> bool:

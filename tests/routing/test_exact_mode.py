@@ -113,6 +113,21 @@ def test_0_5_10_salted_requests_stay_learned() -> None:
     assert found(model, state, salted).total_tokens == 256.0
 
 
+def test_0_5_23_salted_requests_are_exact_but_gateway_tenants_stay_learned() -> None:
+    model, state = model_with(gpu_blocks=100)
+    feed(model, [*stored(ids(64, 5000), 900)])
+    salted, tenant = req(DOC, tenant="s1"), req(DOC, tenant="s1\x00tenant=acme")
+    for r in (salted, tenant):
+        rec = model.record(r, "a")
+        assert rec is not None
+        model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
+    feed(model, [*stored(DOC[:128], 0, salt="s1")])  # the engine kept half of the salted prompt
+    for n in range(GRACE_BATCHES):
+        feed(model, [*stored(ids(64, 9000 + 100 * n), 500 + 10 * n)])
+    assert found(model, state, salted).total_tokens == 128.0
+    assert found(model, state, tenant).total_tokens == 256.0
+
+
 def test_capacity_never_evicts_event_backed_blocks_on_gpu() -> None:
     model, state = model_with(policy=None, gpu_blocks=2, host_blocks=0)
     feed(model, [*stored(DOC[:256], 0)])

@@ -122,8 +122,7 @@ class CacheModel:
         if ex is None:
             ex = r.exact = ExactState.for_replica(r.state, self._cfg, model)
         ex.apply(r.tiers, batch, lambda keys: self._provisional.confirm(replica, keys))
-        if batch.events:
-            ex.expire(r.tiers, lambda key: self._provisional.holds(replica, key))
+        ex.expire(r.tiers, lambda key: self._provisional.holds(replica, key))
         return True
 
     def kv_reset(self, replica: ReplicaId, reason: str) -> None:

@@ -16,8 +16,10 @@ Requests still record their blocks at routing time (``routing.ledger`` holds the
 request right behind sees them before the events arrive (they lag by up to a decode interval). A
 stored event confirms a key in the ledger. A request that ran no longer makes its blocks real by
 itself: its keys that events can speak for (``RoutingRequest.exact_keys``; on 0.5.10 only without a
-namespace, whose salt the engine does not hash) wait ``GRACE_BATCHES`` further batches for their stored
-event and are then dropped if none came (and no in-flight request holds them). Other requests (text
+namespace, whose salt the engine does not hash) wait for their stored event until a batch published
+``GRACE_S`` after the first batch that follows the request's confirmation (routing has no clock: the
+batches' timestamps are the time), and are then dropped if none came (and no in-flight request holds
+them). Other requests (text
 prompts keyed by characters, salted ones on 0.5.10, gateway tenants and LoRA namespaces: see
 ``ExactState.speaks_for``) stay learned: LRU by capacity, as without events.
 """
@@ -33,8 +35,10 @@ from routing.kv_index import KvIndex
 from routing.tiers import BlockLru, ReplicaTiers
 from routing.types import BlockHash, ReplicaState, RoutingRequest
 
-GRACE_BATCHES = 2
-"""Batches a confirmed request's keys wait for their BlockStored event before they are dropped."""
+GRACE_S = 3.0
+"""Seconds (publisher clock: batch timestamps) a confirmed request's keys wait for their BlockStored
+event before they are dropped: SGLang publishes a finishing request's last pages on its decode-stats
+path, every 40 decode steps (~0.4-1.2 s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +71,8 @@ class ExactState:
         self.resets = 0
         self.last_reset = ""
         self.last_ts = 0.0
-        self.awaiting: dict[BlockHash, int] = {}
+        self.fresh: dict[BlockHash, None] = {}  # confirmed, no batch seen since
+        self.awaiting: dict[BlockHash, float] = {}  # key -> ts of the first batch after its confirmation
 
     @classmethod
     def for_replica(cls, state: ReplicaState, cfg: RoutingConfig, model: str) -> ExactState:
@@ -113,8 +118,9 @@ class ExactState:
         tiers.settle()
 
     def expire(self, tiers: ReplicaTiers, held: Callable[[BlockHash], bool]) -> None:
-        """Drops awaited keys whose grace is over and that no event stored (see the module docstring)."""
-        limit, waiting = self.batches - GRACE_BATCHES, self.awaiting
+        """After a batch: drops awaited keys whose grace is over and that no event stored, then starts
+        the grace of the keys confirmed since the last batch (see the module docstring)."""
+        limit, waiting = self.last_ts - GRACE_S, self.awaiting
         due = []
         for key, stamp in waiting.items():
             if stamp > limit:
@@ -123,19 +129,23 @@ class ExactState:
         for key in due:
             del waiting[key]
         tiers.discard([k for k in due if k not in self.index and not held(k)])
+        waiting.update(dict.fromkeys(self.fresh, self.last_ts))
+        self.fresh.clear()
 
     def wait_for(self, keys: Sequence[BlockHash]) -> None:
         """A request ran: its keys the events have not stored yet wait for them."""
-        index, waiting, now = self.index, self.awaiting, self.batches
+        index, fresh = self.index, self.fresh
         for key in keys:
             if key not in index:
-                waiting.pop(key, None)
-                waiting[key] = now
+                self.awaiting.pop(key, None)
+                fresh.pop(key, None)
+                fresh[key] = None
 
     def clear(self, tiers: ReplicaTiers) -> None:
         tiers.restart()
         self.index.clear()
         self.awaiting.clear()
+        self.fresh.clear()
 
     def reset(self, tiers: ReplicaTiers, reason: str) -> None:
         self.clear(tiers)
@@ -162,6 +172,7 @@ class ExactState:
         confirm(keys)
         for key in keys:
             self.awaiting.pop(key, None)
+            self.fresh.pop(key, None)
         lru = self._tier(tiers, ev.medium)
         if lru is not None:
             lru.touch_all(keys[::-1], self.weight)

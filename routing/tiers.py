@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
-from collections.abc import Container, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from itertools import filterfalse, repeat
 
 from routing.types import BlockHash, ReplicaState, WritePolicy
@@ -176,28 +176,11 @@ class BlockLru:
         ``__contains__`` as key, ~log2(n) lookups): valid because presence is monotone along a chain,
         the closure invariant of the module docstring. In reverse order presence reads absent...absent,
         present...present, an ascending sequence, so the first present one marks where the run ends."""
-        end = len(reverse) - start  # reverse[:end] are blocks start..n-1, deepest first
-        blocks = self._blocks
-        if end <= 0 or reverse[end - 1] not in blocks:  # block ``start`` itself is absent
-            return 0
-        if reverse[0] in blocks:  # the deepest block is present: the whole rest is
-            return end
-        return end - bisect_left(reverse, True, 0, end - 1, key=blocks.__contains__)
+        return _bisect_run(self._blocks.__contains__, reverse, start)
 
     def walk(self, hashes: Sequence[BlockHash], start: int) -> int:
         """The same run without assuming monotone presence: galloping C-level membership scans."""
-        n = len(hashes)
-        contains = self._blocks.__contains__
-        if start >= n or not contains(hashes[start]):
-            return 0
-        i, step = start + 1, 16
-        while i < n:
-            flags = list(map(contains, hashes[i : i + step]))
-            if False in flags:
-                return i + flags.index(False) - start
-            i += len(flags)
-            step *= 4
-        return n - start
+        return _walk(self._blocks.__contains__, hashes, start)
 
 
 class ReplicaTiers:
@@ -236,11 +219,24 @@ class ReplicaTiers:
         gpu, host, storage = self.gpu, self.host, self.storage
         if first is None or not (first in gpu._blocks or first in host._blocks or first in storage._blocks):
             return 0, 0, 0
+        if self.union and self.backed is not None:
+            return self._union_runs(hashes)
         reverse = reverse or hashes[::-1]
         g = gpu.run(reverse, 0)
         h = host.run(reverse, g) if host.capacity > 0 else 0
         s = storage.walk(hashes, g + h) if storage.capacity > 0 else 0
         return g, h, s
+
+    def _union_runs(self, hashes: Sequence[BlockHash]) -> tuple[int, int, int]:
+        """Exact mode with 0.5.10 events: GPU ∪ host is what the events say, prefix-closed as the
+        engine's tree, so its run is bisected; event touches do not keep the guessed GPU/host split
+        closed, so the GPU's share of it is the bisection's estimate (the split is a guess anyway)."""
+        gpu, host = self.gpu._blocks, self.host._blocks
+        reverse = hashes[::-1]
+        n = _bisect_run(lambda b: b in gpu or b in host, reverse, 0)
+        g = min(n, self.gpu.run(reverse, 0))
+        s = self.storage.walk(hashes, n) if self.storage.capacity > 0 else 0
+        return g, n - g, s
 
     def insert(self, hashes: Sequence[BlockHash], weight: float = 1.0) -> tuple[int, int, int]:
         """Records that the replica served ``hashes`` (blocks of ``weight`` engine tokens each); returns
@@ -299,6 +295,31 @@ class ReplicaTiers:
         """The replica restarted: GPU and host are gone, storage (L3) survives."""
         self.gpu.clear()
         self.host.clear()
+
+
+def _bisect_run(contains: Callable[[BlockHash], bool], reverse: Sequence[BlockHash], start: int) -> int:
+    """``BlockLru.run`` over any membership test that is monotone along the chain."""
+    end = len(reverse) - start  # reverse[:end] are blocks start..n-1, deepest first
+    if end <= 0 or not contains(reverse[end - 1]):  # block ``start`` itself is absent
+        return 0
+    if contains(reverse[0]):  # the deepest block is present: the whole rest is
+        return end
+    return end - bisect_left(reverse, True, 0, end - 1, key=contains)
+
+
+def _walk(contains: Callable[[BlockHash], bool], hashes: Sequence[BlockHash], start: int) -> int:
+    """How many of ``hashes`` from ``start`` on are present, contiguously: galloping C-level scans."""
+    n = len(hashes)
+    if start >= n or not contains(hashes[start]):
+        return 0
+    i, step = start + 1, 16
+    while i < n:
+        flags = list(map(contains, hashes[i : i + step]))
+        if False in flags:
+            return i + flags.index(False) - start
+        i += len(flags)
+        step *= 4
+    return n - start
 
 
 class _Either:

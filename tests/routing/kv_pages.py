@@ -46,5 +46,5 @@ def removed(base: int, first: int, count: int, medium: str = "GPU") -> BlockRemo
     return BlockRemoved(tuple(base + i for i in range(first, first + count)), medium)
 
 
-def batch(events: Sequence[KvEvent], encoding: str = "map", seq: int = 0) -> EventBatch:
-    return EventBatch(seq, b"", 1.0, tuple(events), 0, encoding)
+def batch(events: Sequence[KvEvent], encoding: str = "map", seq: int = 0, ts: float = 1.0) -> EventBatch:
+    return EventBatch(seq, b"", ts, tuple(events), 0, encoding)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
-from routing.exact import GRACE_BATCHES
+from routing.exact import GRACE_S
 from routing.hashing import token_block_hashes
 from routing.kv_events import AllBlocksCleared, EventBatch, KvEvent
 from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest, WritePolicy
@@ -34,8 +34,14 @@ def req(tokens: tuple[int, ...], tenant: str = "", exact: bool = True) -> Routin
     return RoutingRequest("m", hashes, len(tokens), B, tenant=tenant, exact_keys=exact)
 
 
-def feed(model: CacheModel, events: list[KvEvent], encoding: str = "map") -> None:
-    assert model.apply_kv_events("a", batch(events, encoding), "m")
+def feed(model: CacheModel, events: list[KvEvent], encoding: str = "map", ts: float = 1.0) -> None:
+    assert model.apply_kv_events("a", batch(events, encoding, ts=ts), "m")
+
+
+def pass_grace(model: CacheModel, encoding: str = "map", start: float = 10.0) -> None:
+    """Unrelated batches at ``start`` and ``GRACE_S`` later: keys confirmed before are due then."""
+    feed(model, [*stored(ids(64, 9000), 500)], encoding, start)
+    feed(model, [*stored(ids(64, 9100), 510)], encoding, start + GRACE_S)
 
 
 def found(model: CacheModel, state: ReplicaState, r: RoutingRequest) -> PrefixMatch:
@@ -65,9 +71,10 @@ def test_in_flight_blocks_are_seen_before_their_events_and_dropped_when_none_com
     assert found(model, state, r).total_tokens == 256.0  # the next request sees the in-flight blocks
     model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
     assert found(model, state, r).total_tokens == 256.0  # waiting for their BlockStored
-    feed(model, [*stored(DOC[:128], 0)])  # the engine stored two of the four blocks
-    for n in range(GRACE_BATCHES):
-        feed(model, [*stored(ids(64, 9000 + 100 * n), 500 + 10 * n)])
+    feed(model, [*stored(DOC[:128], 0)], ts=2.0)  # the engine stored two of the four blocks
+    feed(model, [*stored(ids(64, 9000), 500)], ts=2.0 + GRACE_S - 0.1)
+    assert found(model, state, r).total_tokens == 256.0  # their last pages may still come
+    feed(model, [*stored(ids(64, 9100), 510)], ts=2.0 + GRACE_S)
     assert found(model, state, r) == PrefixMatch(128.0, 0.0, 0.0)
 
 
@@ -78,8 +85,7 @@ def test_text_prompts_on_an_exact_replica_stay_learned() -> None:
     rec = model.record(text, "a")
     assert rec is not None
     model.settle(rec, Report(ok=True, prompt_tokens=200, cached_tokens=0))
-    for n in range(GRACE_BATCHES + 1):
-        feed(model, [*stored(ids(64, 9000 + 100 * n), 500 + 10 * n)])
+    pass_grace(model)
     assert found(model, state, text).total_tokens == 3 * B
 
 
@@ -101,6 +107,15 @@ def test_0_5_10_stored_means_gpu_or_host_and_removed_gone_from_both() -> None:
     assert found(model, state, req(DOC)).total_tokens == 192.0
 
 
+def test_0_5_10_a_deeper_store_after_a_guessed_demotion_still_matches_the_whole_union() -> None:
+    model, state = model_with(gpu_blocks=2)
+    long = ids(384 + 1)
+    feed(model, [*stored(long[:256], 0)], "array")  # the guess demotes blocks 2 and 3 to host
+    feed(model, [*stored(long[256:384], 100, parent=15)], "array")  # deeper blocks: the guess keeps them
+    m = found(model, state, req(long))  # on GPU and demotes their ancestors: GPU is not prefix-closed
+    assert m.total_tokens == 384.0
+
+
 def test_0_5_10_salted_requests_stay_learned() -> None:
     model, state = model_with(gpu_blocks=100)
     feed(model, [*stored(ids(64, 5000), 900)], "array")
@@ -108,8 +123,7 @@ def test_0_5_10_salted_requests_stay_learned() -> None:
     rec = model.record(salted, "a")
     assert rec is not None
     model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
-    for n in range(GRACE_BATCHES + 1):
-        feed(model, [*stored(ids(64, 9000 + 100 * n), 500 + 10 * n)], "array")
+    pass_grace(model, "array")
     assert found(model, state, salted).total_tokens == 256.0
 
 
@@ -122,8 +136,7 @@ def test_0_5_23_salted_requests_are_exact_but_gateway_tenants_stay_learned() -> 
         assert rec is not None
         model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
     feed(model, [*stored(DOC[:128], 0, salt="s1")])  # the engine kept half of the salted prompt
-    for n in range(GRACE_BATCHES):
-        feed(model, [*stored(ids(64, 9000 + 100 * n), 500 + 10 * n)])
+    pass_grace(model)
     assert found(model, state, salted).total_tokens == 128.0
     assert found(model, state, tenant).total_tokens == 256.0
 

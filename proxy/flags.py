@@ -133,6 +133,11 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--max-json-depth", "N", "nesting depth of objects and arrays in a request body (400 beyond)"),
     ("--tls-cert", "FILE", "PEM certificate (chain): serve HTTPS; needs --tls-key"),
     ("--tls-key", "FILE", "PEM private key of --tls-cert"),
+    (
+        "--kv-events",
+        "MODE",
+        "auto: subscribe to the KV events of replicas that report a kv_events_config (exact mode); off",
+    ),
 )
 SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),

@@ -13,63 +13,49 @@ exist and both are read here:
 
 The optional ROUTER replay endpoint answers a request ``replay_request(start_seq)`` with ``(seq,
 payload)`` frames for every buffered batch from ``start_seq`` on, then the end marker ``seq = -1`` with an
-empty payload (``decode_replay`` returns None for it). ``WireError`` names any malformed input.
+empty payload (``decode_replay`` returns None for it). ``WireError`` names any malformed input. The
+event types live in ``routing.kv_events`` (re-exported here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-MEDIA = ("GPU", "CPU_PINNED", "DISK", "EXTERNAL")
+from routing.kv_events import (
+    MEDIA,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEvent,
+)
+
+__all__ = [
+    "END_SEQ",
+    "MEDIA",
+    "AllBlocksCleared",
+    "BlockRemoved",
+    "BlockStored",
+    "EventBatch",
+    "KvEvent",
+    "WireError",
+    "decode_batch",
+    "decode_event",
+    "decode_message",
+    "decode_replay",
+    "decode_seq",
+    "replay_request",
+]
+
 END_SEQ = -1
 """The replay endpoint's end marker (``seq`` of the last reply frame)."""
 
 
 class WireError(ValueError):
     """Bytes that are not a well-formed KV-event message."""
-
-
-@dataclass(frozen=True, slots=True)
-class BlockStored:
-    block_hashes: tuple[int, ...]
-    parent_block_hash: int | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    cache_salt: str | None = None
-    session_id: str | None = None
-    lora_name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
-    block_hashes: tuple[int, ...]
-    medium: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
-    medium: str | None = None
-
-
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
-
-
-@dataclass(frozen=True, slots=True)
-class EventBatch:
-    """One published batch: its sequence number, topic, publish time (s), events and DP rank."""
-
-    seq: int
-    topic: bytes
-    ts: float
-    events: tuple[KvEvent, ...]
-    dp_rank: int | None
-    encoding: str  # "array" (0.5.10), "map" (0.5.23), or "empty" (no events to tell)
 
 
 def decode_seq(data: bytes) -> int:

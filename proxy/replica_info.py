@@ -17,6 +17,7 @@ only at the end of a served prompt) and at the end of each served prompt. ``resu
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class ReplicaInfo:
     chunked_prefill_size: int = 0  # tokens per prefill chunk; -1 = chunking off, 0 = not reported
     mamba_scheduler_strategy: str = ""  # hybrid: "no_buffer", "extra_buffer" or "auto" (= no_buffer)
     mamba_track_interval: int = 0  # hybrid with extra_buffer: tokens between tracked states; 0 = not reported
+    kv_events_config: str = ""  # --kv-events-config as JSON text ("" = none; proxy/kv_subscriber.py)
 
     @property
     def resume_interval(self) -> int:
@@ -127,4 +129,12 @@ def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -
         chunked_prefill_size=int(_num(info, "chunked_prefill_size")),
         mamba_scheduler_strategy=str(info.get("mamba_scheduler_strategy") or ""),
         mamba_track_interval=int(_num(info, "mamba_track_interval")),
+        kv_events_config=_json_text(info.get("kv_events_config")),
     )
+
+
+def _json_text(v: object) -> str:
+    """A config SGLang reports as a JSON string (or, in some versions, as an object)."""
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, sort_keys=True) if isinstance(v, dict) else ""

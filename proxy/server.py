@@ -2,7 +2,8 @@
 
 ``build_app(settings)`` wires the gateway: one ``Gateway`` value under ``GATEWAY``; one cleanup_ctx
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
-with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``);
+with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``; the KV-event
+subscriptions, ``proxy/kv_subscriber.py``);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
 API and the operational endpoints (``proxy/operations.py``); two middlewares, the errors one outside
 and ``proxy/gatekeeper.py`` (client API keys, admission) inside. Serve it with ``proxy.serving.runner``
@@ -34,6 +35,7 @@ from proxy import (
 from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
+from proxy.kv_subscriber import kv_events_ctx
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx
@@ -111,6 +113,7 @@ def build_app(settings: Settings) -> web.Application:
         app[DISCOVERY] = discovery_for(settings, app[GATEWAY].fleet)
         app.cleanup_ctx.append(_discovery_ctx)
     app.cleanup_ctx.append(observe_ctx)
+    app.cleanup_ctx.append(kv_events_ctx)
     r = app.router
     r.add_route("*", "/v1/chat/completions", handlers.generation(Route.CHAT))
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))

@@ -100,6 +100,7 @@ class Settings:
     tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
     tls_key: str | None = None  # its PEM private key
     tokenizer_path: str | None = None  # the model's tokenizer directory: token-id keys (proxy/tokenizer.py)
+    kv_events: str = "auto"  # auto: subscribe to replicas' KV events where reported; off (kv_subscriber)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -241,6 +242,9 @@ def _str(v: object) -> str:
     return v
 
 
+KV_EVENTS_MODES = ("auto", "off")
+
+
 _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "host": _str,
     "port": _int(0, 65535),
@@ -299,6 +303,7 @@ _CONVERTERS: dict[str, Callable[[object], Any]] = {
     "tls_cert": _str,
     "tls_key": _str,
     "tokenizer_path": _str,
+    "kv_events": _choice(KV_EVENTS_MODES),
 }
 
 

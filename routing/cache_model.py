@@ -25,6 +25,11 @@
   the grid, ``routing.resume``).
 
 A replica's blocks live only in its own tiers, so ``forget`` is O(its blocks).
+
+**Exact mode** (``routing.exact``): ``apply_kv_events`` feeds a replica's KV events; from its first batch
+on the replica's event-backed keys are the truth on their tiers, a request that ran no longer makes its
+blocks real by itself, and reported ``cached_tokens`` only feed the accuracy statistics (capacities are
+not rescaled). ``kv_reset`` and ``kv_mode`` complete it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from math import inf
 
 from routing.calibration import AccuracyStats, Calibration, Sample
 from routing.config import RoutingConfig
+from routing.exact import ExactState, KvMode
+from routing.kv_events import EventBatch
 from routing.ledger import Provisional
 from routing.resume import SequenceEnds, grid_tokens
 from routing.tiers import ReplicaTiers, host_reusable
@@ -61,6 +68,7 @@ class _Replica:
     state: ReplicaState
     tiers: ReplicaTiers
     ends: SequenceEnds  # hybrid: where recorded prompts ended (routing.resume)
+    exact: ExactState | None = None  # set by the first KV-event batch (routing.exact)
 
 
 class CacheModel:
@@ -100,7 +108,36 @@ class CacheModel:
         if r is not None:
             r.tiers.restart()
             r.ends.clear()
+            if r.exact is not None:
+                r.exact.clear(r.tiers)
         self._provisional.drop(replica)
+
+    # ---- exact mode (routing.exact) -------------------------------------------------------------------
+    def apply_kv_events(self, replica: ReplicaId, batch: EventBatch, model: str) -> bool:
+        """One KV-event batch of ``replica`` (serving ``model``); False when the replica is not known."""
+        r = self._replicas.get(replica)
+        if r is None:
+            return False
+        ex = r.exact
+        if ex is None:
+            ex = r.exact = ExactState.for_replica(r.state, self._cfg, model)
+        ex.apply(r.tiers, batch, lambda keys: self._provisional.confirm(replica, keys))
+        ex.expire(r.tiers, lambda key: self._provisional.holds(replica, key))
+        return True
+
+    def kv_reset(self, replica: ReplicaId, reason: str) -> None:
+        """GPU and host are believed empty and the page index forgotten (see ``Router.kv_reset``)."""
+        r = self._replicas.get(replica)
+        if r is not None and r.exact is not None:
+            r.exact.reset(r.tiers, reason)
+            r.ends.clear()
+            self._provisional.drop(replica)
+
+    def kv_mode(self, replica: ReplicaId) -> KvMode:
+        r = self._replicas.get(replica)
+        if r is None or r.exact is None:
+            return KvMode("learned", "no KV events")
+        return r.exact.mode()
 
     def blocks(self) -> int:
         """Blocks held over all replicas and tiers (bounded by ``model_budget_blocks``)."""
@@ -180,10 +217,16 @@ class CacheModel:
         learn from what did."""
         if not report.ran:
             return self._rollback(rec)
-        self._provisional.confirm(rec.replica, rec.request.block_hashes[rec.held_from :])
+        held = rec.request.block_hashes[rec.held_from :]
+        self._provisional.confirm(rec.replica, held)
         r = self._replicas.get(rec.replica)
-        learn = r is not None and report.ok and report.cached_tokens is not None
-        if learn and r is not None and self.calibration.learn(rec.replica, self._sample(r, rec, report)):
+        if r is None:
+            return []
+        exact = r.exact is not None and r.exact.exact
+        if exact and r.exact is not None and r.exact.speaks_for(rec.request):
+            r.exact.wait_for(held)
+        sample = self._sample(r, rec, report) if report.ok and report.cached_tokens is not None else None
+        if sample is not None and self.calibration.learn(rec.replica, sample, adjust=not exact):
             self._resize()
         return []
 

@@ -79,8 +79,9 @@ class Calibration:
     def forget(self, replica: ReplicaId) -> None:
         self._replicas.pop(replica, None)
 
-    def learn(self, replica: ReplicaId, s: Sample) -> bool:
-        """Accounts one sample and moves the factors; True when they changed."""
+    def learn(self, replica: ReplicaId, s: Sample, adjust: bool = True) -> bool:
+        """Accounts one sample and moves the factors (not with ``adjust`` False: a replica in exact mode,
+        whose tiers its KV events size); True when they changed."""
         r = self._replicas.setdefault(replica, _Replica())
         predicted = s.gpu + s.host
         r.requests += 1
@@ -88,6 +89,8 @@ class Calibration:
         r.prompt += s.prompt
         r.predicted += predicted
         r.actual += s.actual
+        if not adjust:
+            return False
         if s.actual + s.tolerance < min(predicted, s.confirmed):
             return _shrink(r, s, predicted)
         if s.actual > predicted + s.tolerance and (r.gpu_factor < 1.0 or r.host_factor < 1.0):

@@ -26,7 +26,7 @@ class RoutingConfig:
     # hashed block (routing.hashing.token_block_hashes). A replica's KV events map onto these keys only
     # when this is a multiple of its page size (SGLang --page-size; 1 by default), so that every block
     # boundary is a page boundary.
-    token_block: int = 64
+    token_block: int = 16
 
     # cache model (routing.cache_model)
     model_budget_blocks: int = 10_000_000  # total blocks remembered over all replicas and tiers

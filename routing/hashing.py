@@ -81,7 +81,7 @@ def token_block_hashes(
         raise ValueError("block_tokens must be positive")
     h = chain_seed(model, salt) if seed is None else seed
     n = min(len(ids) // block_tokens, max(0, max_blocks))
-    data = _u32le(ids[: n * block_tokens])
+    data = token_bytes(ids[: n * block_tokens])
     step = 4 * block_tokens
     out: list[int] = []
     append = out.append
@@ -91,9 +91,10 @@ def token_block_hashes(
     return tuple(out)
 
 
-def _u32le(ids: Sequence[int]) -> bytes:
+def token_bytes(ids: Sequence[int]) -> bytes:
     """Token ids as 4-byte little-endian unsigned ints (each id masked to 32 bits; ids already in range
-    take the C loop of ``array``, ~6x faster than masking each one in Python)."""
+    take the C loop of ``array``, ~6x faster than masking each one in Python): what
+    ``token_block_hashes`` hashes per block (``routing.kv_index`` keeps page tails in this form)."""
     try:
         arr = array("I", ids)
     except OverflowError:

@@ -96,6 +96,10 @@ class Provisional:
     def drop(self, replica: ReplicaId) -> None:
         self._held.pop(replica, None)
 
+    def holds(self, replica: ReplicaId, block: BlockHash) -> bool:
+        held = self._held.get(replica)
+        return held is not None and block in held
+
     def blocks(self, replica: ReplicaId) -> int:
         held = self._held.get(replica)
         return len(held) if held is not None else 0

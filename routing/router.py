@@ -27,6 +27,11 @@ than ``RESIZE_FRACTION``) and the rate learner. Tickets are tracked in a bounded
 (``routing.ledger.OpenTickets``): finishing or retargeting a ticket twice is harmless, and tickets that are
 never finished are settled as if they ran once ``MAX_OPEN`` newer ones are open.
 
+Exact mode (``routing.exact``): ``apply_kv_events`` takes a replica's KV-event batches (the proxy's
+subscriber decodes them), ``kv_reset`` what a lost stream means, ``kv_mode`` the replica's mode. Token-id
+prompts are keyed with ``token_block_hashes`` over ``token_block`` ids per key (``exact_keys``), the
+keys the events are mapped to.
+
 Pure and synchronous: no I/O, no clock, no environment.
 """
 
@@ -41,7 +46,9 @@ from routing.cache_model import CacheModel, Recorded
 from routing.calibration import AccuracyStats
 from routing.canonical import namespace_salt, render
 from routing.config import RoutingConfig
+from routing.exact import KvMode
 from routing.hashing import block_hashes, token_block_hashes
+from routing.kv_events import EventBatch
 from routing.ledger import OpenTickets
 from routing.pipeline import Choice
 from routing.policies.factory import build_policy
@@ -213,6 +220,29 @@ class Router:
         """What other gateways saw, applied to this one's model and stages; returns the events used."""
         return apply_events(self.cache, self.policy, events)
 
+    # ---- exact mode (routing.exact) ------------------------------------------------------------------
+    def apply_kv_events(self, replica: ReplicaId, batch: EventBatch, model: str) -> bool:
+        """One KV-event batch published by ``replica`` (serving ``model``: the namespace of its keys);
+        from the first one on the replica is in exact mode. False when the replica is not synced yet."""
+        return self.cache.apply_kv_events(replica, batch, model)
+
+    def kv_reset(self, replica: ReplicaId, reason: str) -> None:
+        """The event stream of ``replica`` was broken (a gap the replay endpoint could not fill, or a
+        sequence that went backwards: the publisher restarted). The model then believes the replica's GPU
+        and host hold nothing (storage is kept), forgets the engine pages it had mapped and the requests
+        in flight there: exactly right after a restart, an under-estimate after a gap. It recovers from
+        the events that follow: new chains map from their root pages; pages whose parent was stored
+        before the reset stay unmapped (counted as orphans) until the engine stores them again."""
+        self.cache.kv_reset(replica, reason)
+
+    def sync(self, states: Sequence[ReplicaState]) -> None:
+        """Makes the cache model know these replicas (and their sizes) before any request is routed."""
+        self.cache.sync(states)
+
+    def kv_mode(self, replica: ReplicaId) -> KvMode:
+        """``exact`` or ``learned`` (and why) for ``replica``, with its event counters."""
+        return self.cache.kv_mode(replica)
+
     def _discarded(self, replica: ReplicaId, blocks: list[BlockHash]) -> None:
         if blocks:
             self.outbox.put(Discarded(replica, tuple(blocks)))
@@ -228,6 +258,7 @@ class Router:
         """The routing request of a typed prompt, and the canonical bytes to learn tokens from."""
         cfg, salt = self.cfg, namespace_salt(req.namespace)
         hashes: tuple[BlockHash, ...]
+        exact = isinstance(req.prompt, TokenPrompt)
         if req.prompt is None:
             est, hashes, learn = self.tokens.text(req.size_bytes), (), 0
         elif isinstance(req.prompt, TokenPrompt):  # exact: keyed per token_block ids, as KV events are
@@ -240,7 +271,7 @@ class Router:
             est, learn = self.tokens.text(len(data)), len(data)
         session = xxhash.xxh3_64_hexdigest(req.session.encode()) if req.session else None
         rreq = RoutingRequest(
-            req.model, hashes, est.prompt_tokens, est.block_tokens, session, salt, req.max_new_tokens
+            req.model, hashes, est.prompt_tokens, est.block_tokens, session, salt, req.max_new_tokens, exact
         )
         return rreq, learn
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from itertools import filterfalse, repeat
 
 from routing.types import BlockHash, ReplicaState, WritePolicy
@@ -100,7 +100,7 @@ class BlockLru:
         self.capacity = capacity
         self.tokens = 0.0
 
-    def __contains__(self, block: BlockHash) -> bool:
+    def __contains__(self, block: object) -> bool:
         return block in self._blocks
 
     def __len__(self) -> int:
@@ -133,7 +133,7 @@ class BlockLru:
     def clear(self) -> None:
         self._blocks, self.tokens = {}, 0.0
 
-    def overflow(self, pinned: BlockLru | None = None) -> dict[BlockHash, float]:
+    def overflow(self, pinned: Container[BlockHash] | None = None) -> dict[BlockHash, float]:
         """Evicts least recently used blocks when over capacity, the excess and a batch of a 64th of the
         capacity's blocks (at the mean weight) at once; returns them with their weights, oldest first.
 
@@ -176,40 +176,27 @@ class BlockLru:
         ``__contains__`` as key, ~log2(n) lookups): valid because presence is monotone along a chain,
         the closure invariant of the module docstring. In reverse order presence reads absent...absent,
         present...present, an ascending sequence, so the first present one marks where the run ends."""
-        end = len(reverse) - start  # reverse[:end] are blocks start..n-1, deepest first
-        blocks = self._blocks
-        if end <= 0 or reverse[end - 1] not in blocks:  # block ``start`` itself is absent
-            return 0
-        if reverse[0] in blocks:  # the deepest block is present: the whole rest is
-            return end
-        return end - bisect_left(reverse, True, 0, end - 1, key=blocks.__contains__)
+        return _bisect_run(self._blocks.__contains__, reverse, start)
 
     def walk(self, hashes: Sequence[BlockHash], start: int) -> int:
         """The same run without assuming monotone presence: galloping C-level membership scans."""
-        n = len(hashes)
-        contains = self._blocks.__contains__
-        if start >= n or not contains(hashes[start]):
-            return 0
-        i, step = start + 1, 16
-        while i < n:
-            flags = list(map(contains, hashes[i : i + step]))
-            if False in flags:
-                return i + flags.index(False) - start
-            i += len(flags)
-            step *= 4
-        return n - start
+        return _walk(self._blocks.__contains__, hashes, start)
 
 
 class ReplicaTiers:
     """GPU, host and storage tiers of one replica with its write policy (see the module docstring)."""
 
-    __slots__ = ("gpu", "host", "policy", "storage")
+    __slots__ = ("backed", "gpu", "host", "policy", "storage", "union")
 
     def __init__(self) -> None:
         self.gpu = BlockLru()
         self.host = BlockLru()
         self.storage = BlockLru()
         self.policy: WritePolicy | None = None
+        # exact mode (routing.exact): the keys the replica's KV events say it holds, never evicted by
+        # capacity; ``union``: they hold for GPU or host together (0.5.10), the split being guessed
+        self.backed: Container[BlockHash] | None = None
+        self.union = False
 
     def configure(self, gpu: float, host: float, storage: float, policy: WritePolicy | None) -> None:
         """Sets capacities in engine tokens (host 0 = no reusable host tier) and evicts down to them."""
@@ -232,11 +219,24 @@ class ReplicaTiers:
         gpu, host, storage = self.gpu, self.host, self.storage
         if first is None or not (first in gpu._blocks or first in host._blocks or first in storage._blocks):
             return 0, 0, 0
+        if self.union and self.backed is not None:
+            return self._union_runs(hashes)
         reverse = reverse or hashes[::-1]
         g = gpu.run(reverse, 0)
         h = host.run(reverse, g) if host.capacity > 0 else 0
         s = storage.walk(hashes, g + h) if storage.capacity > 0 else 0
         return g, h, s
+
+    def _union_runs(self, hashes: Sequence[BlockHash]) -> tuple[int, int, int]:
+        """Exact mode with 0.5.10 events: GPU ∪ host is what the events say, prefix-closed as the
+        engine's tree, so its run is bisected; event touches do not keep the guessed GPU/host split
+        closed, so the GPU's share of it is the bisection's estimate (the split is a guess anyway)."""
+        gpu, host = self.gpu._blocks, self.host._blocks
+        reverse = hashes[::-1]
+        n = _bisect_run(lambda b: b in gpu or b in host, reverse, 0)
+        g = min(n, self.gpu.run(reverse, 0))
+        s = self.storage.walk(hashes, n) if self.storage.capacity > 0 else 0
+        return g, n - g, s
 
     def insert(self, hashes: Sequence[BlockHash], weight: float = 1.0) -> tuple[int, int, int]:
         """Records that the replica served ``hashes`` (blocks of ``weight`` engine tokens each); returns
@@ -248,6 +248,10 @@ class ReplicaTiers:
         g, h, s = self.runs(hashes)
         m = g + h + s
         host, storage = self.host, self.storage
+        if self.backed is not None and not self.union:  # exact tiers: only the GPU gets it, for now
+            self.gpu.touch_all(hashes[::-1], weight)
+            self.settle()
+            return g, h, s
         if host.capacity > 0:
             hosted = self._hosted(hashes, g, m)
             if storage.capacity > 0:
@@ -266,17 +270,20 @@ class ReplicaTiers:
         return hashes if self.policy in _COPY_AT_INSERT else hashes[g:m]
 
     def settle(self) -> None:
-        """Applies capacities: GPU overflow demotes or drops, then host and storage overflow drop."""
-        victims = self.gpu.overflow()
-        host = self.host
+        """Applies capacities: GPU overflow demotes or drops, then host and storage overflow drop. In
+        exact mode event-backed keys are never dropped: pinned on GPU, or with ``union`` demoted to host
+        (pinned on GPU when there is no host tier)."""
+        backed, host = self.backed, self.host
+        exact_gpu = backed is not None and (not self.union or host.capacity <= 0)
+        victims = self.gpu.overflow(pinned=backed if exact_gpu else None)
         if victims and self.policy is not None and host.capacity > 0:
             kept = victims
             if self.policy != "write_back":
-                kept = {b: w for b, w in victims.items() if b in host}
+                kept = {b: w for b, w in victims.items() if b in host or (backed is not None and b in backed)}
             if self.storage.capacity > 0:
                 self.storage.touch_items({b: w for b, w in kept.items() if b not in host})
             host.touch_items(kept)
-        host.overflow(pinned=self.gpu)
+        host.overflow(pinned=self.gpu if backed is None else _Either(self.gpu, backed))
         self.storage.overflow()
 
     def discard(self, blocks: Sequence[BlockHash]) -> None:
@@ -288,3 +295,40 @@ class ReplicaTiers:
         """The replica restarted: GPU and host are gone, storage (L3) survives."""
         self.gpu.clear()
         self.host.clear()
+
+
+def _bisect_run(contains: Callable[[BlockHash], bool], reverse: Sequence[BlockHash], start: int) -> int:
+    """``BlockLru.run`` over any membership test that is monotone along the chain."""
+    end = len(reverse) - start  # reverse[:end] are blocks start..n-1, deepest first
+    if end <= 0 or not contains(reverse[end - 1]):  # block ``start`` itself is absent
+        return 0
+    if contains(reverse[0]):  # the deepest block is present: the whole rest is
+        return end
+    return end - bisect_left(reverse, True, 0, end - 1, key=contains)
+
+
+def _walk(contains: Callable[[BlockHash], bool], hashes: Sequence[BlockHash], start: int) -> int:
+    """How many of ``hashes`` from ``start`` on are present, contiguously: galloping C-level scans."""
+    n = len(hashes)
+    if start >= n or not contains(hashes[start]):
+        return 0
+    i, step = start + 1, 16
+    while i < n:
+        flags = list(map(contains, hashes[i : i + step]))
+        if False in flags:
+            return i + flags.index(False) - start
+        i += len(flags)
+        step *= 4
+    return n - start
+
+
+class _Either:
+    """Membership in either of two containers (the host tier's pinned keys in exact mode)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: Container[BlockHash], b: Container[BlockHash]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.a or key in self.b

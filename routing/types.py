@@ -53,6 +53,7 @@ class RoutingRequest:
     session_key: str | None = None  # the conversation key (x-session-id), None when there is none
     tenant: str = ""  # the cache namespace (routing.canonical.namespace_salt), already in block_hashes
     max_new_tokens: int | None = None  # the output budget the engine applies, None when unbounded/unknown
+    exact_keys: bool = False  # block_hashes are token_block_hashes of engine token ids (KV events name them)
 
 
 @dataclass(frozen=True, slots=True)

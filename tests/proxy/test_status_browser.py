@@ -61,6 +61,7 @@ async def test_status_page_in_chromium(emulator_server: Emulators, gateway: Star
             assert all("healthy" in text for text in rows.values())
             assert "HiCache write_back" in rows[hicache.url] and "HiCache off" in rows[plain.url]
             assert "no /metrics" in rows[plain.url] and "scraped" in rows[hicache.url]
+            assert all("cache model learned: the replica publishes no KV events" in t for t in rows.values())
             # fill bars: the model's for both, the replica's own only where it serves metrics
             for replica, kind in ((hicache.url, "model"), (hicache.url, "replica"), (plain.url, "model")):
                 fill, drawn = await _bar(page, replica, "gpu", kind)

@@ -11,6 +11,7 @@ import aiohttp
 import orjson
 from tokenizers import Tokenizer
 
+from routing.config import RoutingConfig
 from tests.proxy.conftest import ADMIN, MODEL, StackFactory, post
 from tests.proxy.prom import value
 
@@ -46,7 +47,8 @@ async def test_chats_are_keyed_by_token_ids_and_fallbacks_counted(stack_factory:
     second = _chat("And the mill?")
     shared = len(_ids([DOC, {"role": "user", "content": ""}])) - 8  # the system turn and "<|im_start|>user\n"
     cached = (await _preview(stack.url, second))["cached_tokens"]["gpu"]
-    assert cached % 64 == 0 and shared - 64 < cached <= shared
+    block = RoutingConfig().token_block
+    assert cached % block == 0 and shared - block < cached <= shared
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     multimodal = {"model": MODEL, "messages": [{"role": "user", "content": [image]}]}
     assert (await _preview(stack.url, multimodal))["prompt_tokens"] >= 1  # text keys: still routed

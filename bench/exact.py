@@ -1,0 +1,118 @@
+"""Exact mode against learned mode (issue 17): `python -m bench.exact [--quick] [workload ...]`.
+
+Every replica of the emulated fleet tokenizes with a real byte-level BPE tokenizer (`emulator/model_bpe`,
+`--emu-tokenizer hf`) and publishes its KV events (the 0.5.23 maps, with media: GPU and CPU_PINNED,
+HiCache write_back). Three kvroute gateways with the default policy take turns, each on a fresh fleet:
+
+- `kvroute-cost`: today's learned cache model on character-block keys (no tokenizer);
+- `kvroute-tokens`: the learned model on token-id keys (`--tokenizer-path`, `--kv-events off`);
+- `kvroute-exact`: token-id keys and the replicas' KV events as the truth (`--tokenizer-path`).
+
+Per workload (load 0.6, or its own pace for agent and probe; one seed) it reports each gateway's mean
+TTFT and its cache-model error, sum |predicted - reported cached| / sum prompt tokens (bench.point), and
+judges issue 17's targets: exact's error <= 0.5% on every workload, exact's mean TTFT <= learned's (the
+better of the two learned gateways; within 3%, the noise of one run on this machine, counts as equal).
+Results go to OUT/<point>/<workload>/ as for `kvroute bench`, the verdicts to OUT/exact.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from bench import plan, report, systems, workloads
+from bench.fleet import FleetSpec
+from bench.plan import Point
+from bench.point import RunSettings, run_point
+
+TOKENIZER = str(Path(__file__).resolve().parent.parent / "emulator" / "model_bpe")
+EVENTS = "0.5.23"
+MAX_ERROR = 0.005
+TTFT_TOLERANCE = 1.03
+LEARNED = ("kvroute-cost", "kvroute-tokens")
+EXACT = "kvroute-exact"
+
+
+def exact_systems() -> tuple[systems.System, ...]:
+    """The three gateways of the module docstring."""
+    cost = systems.kvroute("cost")
+    tokens = systems.kvroute("cost", "--tokenizer-path", TOKENIZER, "--kv-events", "off")
+    exact = systems.kvroute("cost", "--tokenizer-path", TOKENIZER)
+    return cost, replace(tokens, name="kvroute-tokens"), replace(exact, name=EXACT)
+
+
+def points(names: list[str]) -> tuple[Point, ...]:
+    chosen = names or list(workloads.GENERATORS)
+    return plan.custom(chosen, [plan.DEFAULT_LOAD], [plan.DEFAULT_PROFILE], [1])
+
+
+def verdict_rows(out: Path, pts: tuple[Point, ...]) -> list[str]:
+    """One markdown row per workload: TTFT and error of each gateway, exact / learned, the verdicts."""
+    rows = []
+    for point in pts:
+        for name in point.workloads:
+            path = out / point.directory / name / "summary.json"
+            if path.exists():
+                rows.append(_row(name, {s.system: s for s in report.load_summaries(path)[1]}))
+    return rows
+
+
+def _row(name: str, by: dict[str, report.Summary]) -> str:
+    cells = [name]
+    for system in (*LEARNED, EXACT):
+        s = by.get(system)
+        cells.append(f"{s.mean_ttft:.2f} s, {100 * s.model_error:.2f}%" if s else "n/a")
+    exact = by.get(EXACT)
+    learned = [by[s].mean_ttft for s in LEARNED if s in by]
+    if exact is None or not learned:
+        return "| " + " | ".join([*cells, "n/a", "n/a", "n/a"]) + " |"
+    ratio = exact.mean_ttft / min(learned)
+    error_ok = exact.model_error <= MAX_ERROR
+    cells += [f"{ratio:.2f}x", "PASS" if error_ok else "MISS", "PASS" if ratio <= TTFT_TOLERANCE else "MISS"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def write_verdicts(out: Path, pts: tuple[Point, ...], command: str) -> str:
+    head = (
+        "| workload | learned, char keys (TTFT, error) | learned, token keys | exact (KV events) "
+        "| exact / best learned TTFT | error <= 0.5% | TTFT <= learned |\n|---|---|---|---|---|---|---|"
+    )
+    md = "\n".join([f"`{command}`", "", head, *verdict_rows(out, pts)]) + "\n"
+    (out / "exact.md").write_text(md)
+    return md
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.exact", description=__doc__.split("\n")[0])
+    p.add_argument("workloads", nargs="*", default=[], help=f"any of {', '.join(workloads.GENERATORS)}")
+    p.add_argument("--quick", action="store_true", help="the benchmark's small workloads")
+    p.add_argument("--out", type=Path, default=None, help="default bench/results/exact")
+    p.add_argument("--max-run-seconds", type=float, default=240.0)
+    a = p.parse_args(argv)
+    unknown = [w for w in a.workloads if w not in workloads.GENERATORS]
+    if unknown:
+        p.error(f"unknown workloads {unknown}")
+    return a
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    out = a.out or Path(__file__).resolve().parent / "results" / "exact"
+    fleet = replace(FleetSpec.default(4, a.quick, None, None), tokenizer=TOKENIZER, kv_events=EVENTS)
+    command = shlex.join(["python", "-m", "bench.exact", *argv])
+    run = RunSettings(exact_systems(), fleet, a.quick, out, a.max_run_seconds, command)
+    pts = points(a.workloads)
+    total = sum(len(p.workloads) for p in pts)
+    for i, (point, name) in enumerate(((p, n) for p in pts for n in p.workloads), 1):
+        print(f"== [{i}/{total}] {name}, {point.describe()}", file=sys.stderr)
+        asyncio.run(run_point(run, replace(point, workloads=(name,)), name))
+    print(write_verdicts(out, pts, command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -15,7 +15,9 @@ What SGLang (``serving_chat._apply_jinja_template``) does to the body before ren
   format, detected from the template source). Non-text parts (images, audio, video) are not rendered
   here: ``Unrenderable`` (the gateway keeps its text keys for such a request).
 - assistant ``tool_calls`` whose ``arguments`` is a JSON string get them parsed;
-- ``tools`` are passed unless ``tool_choice`` is ``"none"`` (a named tool choice passes that tool only);
+- ``tools`` are the tools' functions with pydantic's defaults (``description``/``parameters`` null,
+  ``strict`` false), none for ``tool_choice: "none"``, the named one only for a named choice; a template
+  that fails with them is tried once more with each wrapped as ``{"function": f}``;
 - a final assistant message with string content is removed and its content appended after the rendered
   prompt when ``continue_final_message`` is set, and becomes a user message when it is not;
 - ``add_generation_prompt`` is always true (SGLang does not read the request's field).
@@ -38,6 +40,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from proxy.types import JSONObject
 
 _ITERATES_CONTENT = re.compile(r"""for\s+\w+\s+in\s+[\w.]*(\.content|\[\s*['"]content['"]\s*\])""")
+
+
+_TEMPLATE_ERRORS = (TemplateError, TypeError, ValueError, KeyError, AttributeError)
 
 
 class Unrenderable(Exception):
@@ -91,11 +96,21 @@ class ChatTemplate:
         extra = body.get("chat_template_kwargs")
         if isinstance(extra, dict):
             kwargs.update(extra)
-        kwargs.update(messages=messages, tools=_tools(body), add_generation_prompt=True)
+        tools = _tools(body)
+        kwargs.update(messages=messages, tools=tools, add_generation_prompt=True)
         try:
-            return self._template.render(**kwargs) + (prefix or "")
-        except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as e:
+            return self._render(kwargs) + (prefix or "")
+        except _TEMPLATE_ERRORS as e:
+            if not tools:
+                raise Unrenderable("template") from e
+        kwargs["tools"] = [{"function": f} for f in tools]  # SGLang's second try: the tools wrapped
+        try:
+            return self._render(kwargs) + (prefix or "")
+        except _TEMPLATE_ERRORS as e:
             raise Unrenderable("template") from e
+
+    def _render(self, kwargs: dict[str, Any]) -> str:
+        return self._template.render(**kwargs)
 
     def _message(self, m: Any) -> JSONObject:
         if not isinstance(m, dict):
@@ -136,13 +151,27 @@ def _parsed_arguments(call: Any) -> Any:
 
 
 def _tools(body: JSONObject) -> list[Any] | None:
+    """The template's ``tools`` as SGLang builds them: each tool's ``function`` with pydantic's defaults
+    (``description`` and ``parameters`` null, ``strict`` false), only the named one for a named
+    ``tool_choice``, none for ``"none"``."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not isinstance(tools, list) or not tools or choice == "none":
         return None
+    functions = [_function(t.get("function")) for t in tools if isinstance(t, dict)]
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
-        return [t for t in tools if isinstance(t, dict) and (t.get("function") or {}).get("name") == name]
-    return tools
+        return [f for f in functions if f["name"] == name]
+    return functions
+
+
+def _function(fn: Any) -> JSONObject:
+    fn = fn if isinstance(fn, dict) else {}
+    return {
+        "description": fn.get("description"),
+        "name": fn.get("name"),
+        "parameters": fn.get("parameters"),
+        "strict": bool(fn.get("strict", False)),
+    }
 
 
 def _last_assistant(messages: list[JSONObject], continue_final: bool) -> tuple[list[JSONObject], str | None]:

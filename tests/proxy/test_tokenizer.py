@@ -66,10 +66,11 @@ def test_text_parts_are_joined_and_a_final_assistant_turn_is_continued_or_made_a
     assert _chat({"messages": turns}) == _direct([turns[0], {"role": "user", "content": "Sure, the"}])
 
 
-def test_tools_render_with_hf_tojson_unless_tool_choice_is_none() -> None:
+def test_tools_render_as_sglang_passes_them_with_hf_tojson_unless_tool_choice_is_none() -> None:
     tools = [{"type": "function", "function": {"name": "météo", "parameters": {"type": "object"}}}]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
-    assert _chat({"messages": messages, "tools": tools}) == _direct(messages, tools)
+    functions = [{"description": None, "name": "météo", "parameters": {"type": "object"}, "strict": False}]
+    assert _chat({"messages": messages, "tools": tools}) == _direct(messages, functions)  # as SGLang's
     assert _chat({"messages": messages, "tools": tools, "tool_choice": "none"}) == _direct(messages)
     assert _direct(messages, tools) != _direct(messages)
 
@@ -128,7 +129,14 @@ async def test_requests_become_token_prompts_and_unrenderable_ones_fall_back_cou
     image = {"type": "image_url", "image_url": {"url": "data:,"}}
     mm = _parsed(Route.CHAT, {"model": "m", "messages": [{"role": "user", "content": [image]}]})
     assert (await tok.tokenized(mm)) is mm
-    bad = _parsed(Route.CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [1]})
+    bad = _parsed(
+        Route.CHAT,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"function": {"name": "f"}}],
+        },
+    )
     tok.template = type(tok.template)("{{ raise_exception('no tools') if tools }}", {})  # type: ignore[misc]
     assert (await tok.tokenized(bad)) is bad
     ids = _parsed(Route.GENERATE, {"input_ids": [1, 2, 3]})
@@ -165,3 +173,39 @@ async def test_long_new_text_is_encoded_in_a_thread_with_the_same_ids(
     out = await tok.tokenized(_parsed(Route.CHAT, grown))  # the long turn is cached: inline
     assert len(threads) == 1 and out.routing.prompt == TokenPrompt(tuple(RAW.encode(rendered).ids))
     assert tok.cache.stats.hits == 1
+
+
+BODIES: list[dict[str, Any]] = [
+    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "In 日本?"}]},
+    {
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [{"type": "function", "function": {"name": "w", "description": "d", "parameters": {}}}],
+    },
+    {
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [{"type": "function", "function": {"name": n}} for n in ("w", "v")],
+        "tool_choice": {"type": "function", "function": {"name": "v"}},
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "w", "arguments": '{"city": "Oslo"}'}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "rain"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "w"}}],
+        "tool_choice": "none",
+    },
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": t} for t in ("a", "b")]}]},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}],
+     "continue_final_message": True},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_the_gateway_tokenizes_a_chat_as_the_emulated_replica_does(body: dict[str, Any]) -> None:
+    from emulator.hf_tokenizer import HfTokenizer
+
+    replica = HfTokenizer(str(DIR)).chat_ids(body["messages"], body.get("tools"), body)
+    assert _chat(body) == replica

@@ -23,7 +23,8 @@ SGLang's side (``serving_chat._apply_jinja_template``, ``jinja_template_utils``)
   with ``add_generation_prompt=True`` and tokenized, and the tokens of its content (a separate
   ``encode``) appended. The rendered text is HF's ``continue_final_message`` text; the tokens can differ
   from tokenizing that text in one piece only where the BPE pre-tokenizer would join whitespace across
-  the seam. Without it, ``add_generation_prompt`` is always true, as in SGLang.
+  the seam. Without it a final assistant message with string content becomes a user message
+  (``_handle_last_assistant_message``), and ``add_generation_prompt`` is always true, as in SGLang.
 """
 
 from __future__ import annotations

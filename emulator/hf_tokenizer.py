@@ -164,10 +164,12 @@ class HfTokenizer:
         if self.template is None:
             raise ApiError(NO_TEMPLATE, 400, "BadRequest")
         msgs = self.template.messages(messages)
-        if msgs and msgs[-1].get("role") == "assistant" and body.get("continue_final_message"):
-            content = msgs[-1].get("content")
-            return msgs[:-1], content if isinstance(content, str) else None
-        return msgs, None
+        if not msgs or msgs[-1].get("role") != "assistant" or not isinstance(msgs[-1].get("content"), str):
+            return msgs, None
+        content = msgs[-1]["content"]
+        if body.get("continue_final_message"):
+            return msgs[:-1], content
+        return [*msgs[:-1], {"role": "user", "content": content}], None  # SGLang: a final turn is the user's
 
     def _render(self, msgs: list[dict[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
         assert self.template is not None

@@ -82,7 +82,8 @@ def test_continue_final_message_appends_the_prefix_tokens() -> None:
     assert ids == ids_of(render([USER])) + list(TOK.encode("The cache holds").ids)
     full = render([USER, prefix], gen=False)  # HF's continue_final_message text: cut after the content
     assert hf.decode(ids) == full[: full.rindex("The cache holds") + len("The cache holds")]
-    assert hf.chat_ids([USER, prefix], None, {}) == ids_of(render([USER, prefix]))  # closed turn + gen
+    as_user = {"role": "user", "content": "The cache holds"}  # SGLang: without it, a final turn is the user's
+    assert hf.chat_ids([USER, prefix], None, {}) == ids_of(render([USER, as_user]))
 
 
 def test_list_content_with_a_string_template_keeps_only_the_text() -> None:

@@ -200,6 +200,7 @@ BODIES: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": [{"type": "text", "text": t} for t in ("a", "b")]}]},
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}],
      "continue_final_message": True},
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure"}]},
 ]  # fmt: skip
 
 

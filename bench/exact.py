@@ -92,6 +92,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the benchmark's small workloads")
     p.add_argument("--out", type=Path, default=None, help="default bench/results/exact")
     p.add_argument("--max-run-seconds", type=float, default=240.0)
+    p.add_argument(
+        "--time-scale", type=float, default=None, help="wall s per modelled s (default: the workload's)"
+    )
     a = p.parse_args(argv)
     unknown = [w for w in a.workloads if w not in workloads.GENERATORS]
     if unknown:
@@ -102,9 +105,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     a = parse(argv)
     out = a.out or Path(__file__).resolve().parent / "results" / "exact"
-    fleet = replace(FleetSpec.default(4, a.quick, None, None), tokenizer=TOKENIZER, kv_events=EVENTS)
+    fleet = FleetSpec.default(4, a.quick, a.time_scale, None)
+    fleet = replace(fleet, tokenizer=TOKENIZER, kv_events=EVENTS)
     command = shlex.join(["python", "-m", "bench.exact", *argv])
-    run = RunSettings(exact_systems(), fleet, a.quick, out, a.max_run_seconds, command)
+    run = RunSettings(exact_systems(), fleet, a.quick, out, a.max_run_seconds, command, a.time_scale)
     pts = points(a.workloads)
     total = sum(len(p.workloads) for p in pts)
     for i, (point, name) in enumerate(((p, n) for p in pts for n in p.workloads), 1):

@@ -5,8 +5,8 @@
 1. **Cold**: a chat of a system document and one question (~1K, 8K, 32K, 128K tokens of the seeded
    pseudo-English of ``bench.text``) through ``PromptTokenizer.tokenized`` with an empty prefix cache
    (render the ChatML template, encode, build the ``TokenPrompt``), then ``Router.prepare`` of the result
-   (``token_block_hashes`` per ``token_block`` ids); next to ``Router.prepare`` of the same chat with text keys
-   (canonical render + 256-byte blocks), the cost without a tokenizer. Median and p99 ms.
+   (``token_block_hashes`` per ``token_block`` ids); next to ``Router.prepare`` of the same chat with
+   text keys (canonical render + 256-byte blocks), the cost without a tokenizer. Median and p99 ms.
 2. **Growing conversation**: an 8K-token system document, then ``--turns`` user turns of ~300 tokens
    each with ~100-token assistant answers; every turn is one request, tokenized with the prefix cache
    (only the new turns are encoded) and, for comparison, cold. Per turn: ms with the cache, ms cold,

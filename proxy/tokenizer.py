@@ -180,13 +180,8 @@ class PromptTokenizer:
             if not isinstance(source, tuple):
                 return parsed if source is None else self._with(parsed, source)
             ids, threaded = await self.ids_async(*source)
-        except Unrenderable as e:
-            self.counts["fallback_" + e.reason] += 1
-            return parsed
-        except Exception:  # the tokenizer itself failed on this text: keep text keys, never fail the request
-            log.exception("tokenizing a request failed; it keeps its text keys")
-            self.counts["fallback_error"] += 1
-            return parsed
+        except Exception as e:
+            return self._fallback(parsed, e)
         return self._done(parsed, ids, t0, "thread" if threaded else "inline")
 
     def tokenized_now(self, parsed: ParsedRequest) -> ParsedRequest:
@@ -198,14 +193,19 @@ class PromptTokenizer:
                 return parsed if source is None else self._with(parsed, source)
             text, chat = source
             ids = self.chat_ids(text) if chat else tuple(self.encode(text, True))
-        except Unrenderable as e:
-            self.counts["fallback_" + e.reason] += 1
-            return parsed
-        except Exception:  # the tokenizer itself failed on this text: keep text keys, never fail the request
-            log.exception("tokenizing a request failed; it keeps its text keys")
-            self.counts["fallback_error"] += 1
-            return parsed
+        except Exception as e:
+            return self._fallback(parsed, e)
         return self._done(parsed, ids, t0, "inline")
+
+    def _fallback(self, parsed: ParsedRequest, e: Exception) -> ParsedRequest:
+        """A request that keeps its text keys, counted by reason: it cannot be rendered (``Unrenderable``),
+        or the tokenizer itself failed on its text (logged, never failing the request)."""
+        if isinstance(e, Unrenderable):
+            self.counts["fallback_" + e.reason] += 1
+        else:
+            log.exception("tokenizing a request failed; it keeps its text keys", exc_info=e)
+            self.counts["fallback_error"] += 1
+        return parsed
 
     def _source(self, parsed: ParsedRequest) -> tuple[str, bool] | TokenPrompt | None:
         """(the text to encode, whether it is a rendered chat); a chat body's own ``input_ids``; or None

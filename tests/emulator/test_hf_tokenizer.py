@@ -25,6 +25,7 @@ from emulator.replica import Replica
 from emulator.tokenizer import PseudoTokenizer
 from routing.hashing import token_block_hashes
 from tests.emulator.conftest import StartEmu
+from tests.emulator.sdk import streamed_chat
 from tests.emulator.test_kv_events import Zmq, events_flag, stored, sync, zq
 
 __all__ = ["zq"]  # the ZMQ fixture of test_kv_events, used here too
@@ -220,17 +221,7 @@ async def test_openai_sdk_against_an_hf_emulator(emulator: StartEmu) -> None:
         chat = await client.chat.completions.create(model="m", messages=SDK_MSGS, max_tokens=5)
         assert chat.usage is not None and chat.usage.prompt_tokens == len(ids_of(render([USER])))
         assert chat.usage.completion_tokens == len(TOK.encode(chat.choices[0].message.content or "").ids) == 5
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=SDK_MSGS,
-            max_tokens=5,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        text, usage = "", None
-        async for chunk in stream:
-            text += "".join(c.delta.content or "" for c in chunk.choices)
-            usage = chunk.usage or usage
+        text, usage = await streamed_chat(client, SDK_MSGS, 5)
         assert text == chat.choices[0].message.content and usage is not None
         assert usage.prompt_tokens_details is not None
         assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1

@@ -22,6 +22,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from bench import systems
 from bench.fleet import EmulatorFleet
 from emulator.config import MODEL_DIR
+from tests.emulator.sdk import streamed_chat
 
 pytestmark = pytest.mark.slow
 MSGS: list[ChatCompletionMessageParam] = [{"role": "user", "content": "route me through the router please"}]
@@ -54,17 +55,7 @@ async def _traffic(router: str) -> None:
     async with AsyncOpenAI(base_url=f"{router}/v1", api_key="none", max_retries=0) as client:
         chat = await client.chat.completions.create(model="m", messages=MSGS, max_tokens=4)
         assert chat.choices[0].message.content and chat.usage is not None
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=MSGS,
-            max_tokens=4,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        text, usage = "", None
-        async for chunk in stream:
-            text += "".join(c.delta.content or "" for c in chunk.choices)
-            usage = chunk.usage or usage
+        text, usage = await streamed_chat(client, MSGS, 4)
         assert text == chat.choices[0].message.content and usage is not None
         comp = await client.completions.create(model="m", prompt="the router sends this", max_tokens=3)
         assert comp.choices[0].text and comp.usage is not None and comp.usage.completion_tokens == 3

@@ -14,12 +14,14 @@ cache model's exact mode consume them, so routing never imports the proxy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 MEDIA = ("GPU", "CPU_PINNED", "DISK", "EXTERNAL")
 
 
-@dataclass(frozen=True, slots=True)
-class BlockStored:
+# The events are NamedTuples: one is built per engine page (SGLang publishes a BlockStored per page), and
+# building a frozen dataclass of nine fields cost more than decoding the page's msgpack map.
+class BlockStored(NamedTuple):
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
@@ -31,14 +33,12 @@ class BlockStored:
     lora_name: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class BlockRemoved(NamedTuple):
     block_hashes: tuple[int, ...]
     medium: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(NamedTuple):
     medium: str | None = None
 
 

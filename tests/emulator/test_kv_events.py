@@ -82,7 +82,7 @@ class Sub:
         while True:
             frames = await self.sock.recv_multipart()
             self.frames.append(frames)
-            self.batches.append(decode_message(frames))
+            self.batches.append(decode_message(frames, merge=False))  # the engine's own events, page by page
             self._new.set()
 
     async def until(self, cond: Any, timeout_s: float = WAIT_S) -> None:
@@ -122,7 +122,7 @@ class Zmq:
         try:
             async with asyncio.timeout(WAIT_S):
                 await dealer.send_multipart([b"", replay_request(start)])
-                while (batch := decode_replay(await dealer.recv_multipart())) is not None:
+                while (batch := decode_replay(await dealer.recv_multipart(), merge=False)) is not None:
                     got.append(batch)
         finally:
             dealer.close(linger=0)

@@ -136,7 +136,8 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     (
         "--kv-events",
         "MODE",
-        "auto: subscribe to the KV events of replicas that report a kv_events_config (exact mode); off",
+        "subscribe to the KV events of replicas that report a kv_events_config (exact mode): auto (when"
+        " --tokenizer-path is given), on (also without: for token-id prompts only), off",
     ),
 )
 SWITCHES: tuple[tuple[str, str], ...] = (

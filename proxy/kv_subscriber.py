@@ -1,12 +1,19 @@
 """The gateway's KV-event subscriptions: one ``proxy.kv_feed.KvFeed`` per replica that publishes events.
 
-With ``--kv-events auto`` (the default) every replica whose ``/get_server_info`` reports a
+With ``--kv-events auto`` (the default) and a tokenizer (``--tokenizer-path``), or with ``on``, every
+replica whose ``/get_server_info`` reports a
 ``kv_events_config`` with publisher ``zmq`` gets a SUB on its endpoint (a wildcard host means the
 replica's own host, ``proxy.kv_feed.connect_endpoint``), and its batches go to
 ``Router.apply_kv_events``: the replica's cache model runs in exact mode (``routing.exact``). The set
 of subscriptions follows the fleet every ``RECONCILE_S``: a new replica (or a changed config) is
 subscribed, a replica removed from the fleet has its sockets closed. ``--kv-events off`` subscribes to
 nothing: every replica stays learned.
+
+Without a tokenizer ``auto`` subscribes to nothing either: text prompts are then keyed by characters,
+which the engine's page events cannot name, and the event-backed keys would fill the modelled tiers
+and push the learned character blocks out (bench.exact's agent: the learned model's error went from
+1.5% to 50% with the events on). ``on`` is for gateways whose traffic is token ids (``input_ids``,
+token-id ``prompt``) without a tokenizer.
 
 ``kv_events_ctx`` (a cleanup_ctx in ``proxy/server.py``) runs it. ``/status["kv_events"]`` shows per
 replica its mode (exact | learned, and why), endpoint, batches, events, gaps, replays, resets, lag and
@@ -100,7 +107,7 @@ class KvSubscriber:
 
     # ---- internals ----------------------------------------------------------------------------------
     def _config_text(self, r: Replica) -> str:
-        if self.gw.settings.kv_events == "off" or r.info is None:
+        if not self._wanted() or r.info is None:
             return ""
         text = r.info.kv_events_config
         return text if publisher_config(text) is not None else ""
@@ -108,9 +115,15 @@ class KvSubscriber:
     def _changed(self, replica: Replica | None, text: str) -> bool:
         return replica is None or self._config_text(replica) != text
 
+    def _wanted(self) -> bool:
+        mode = self.gw.settings.kv_events
+        return mode == "on" or (mode == "auto" and self.gw.settings.tokenizer_path is not None)
+
     def _why_not(self, r: Replica) -> str:
         if self.gw.settings.kv_events == "off":
             return "--kv-events off"
+        if not self._wanted():
+            return "--kv-events auto without --tokenizer-path: text prompts are keyed by characters"
         return "the replica publishes no KV events (no kv_events_config)"
 
     def _open(self, r: Replica) -> None:

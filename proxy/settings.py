@@ -100,7 +100,7 @@ class Settings:
     tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
     tls_key: str | None = None  # its PEM private key
     tokenizer_path: str | None = None  # the model's tokenizer directory: token-id keys (proxy/tokenizer.py)
-    kv_events: str = "auto"  # auto: subscribe to replicas' KV events where reported; off (kv_subscriber)
+    kv_events: str = "auto"  # where replicas report them: auto (with tokenizer_path), on, off (kv_subscriber)
     routing: RoutingConfig = field(default_factory=RoutingConfig)  # its policy and seed follow ours
 
     def __post_init__(self) -> None:
@@ -242,7 +242,7 @@ def _str(v: object) -> str:
     return v
 
 
-KV_EVENTS_MODES = ("auto", "off")
+KV_EVENTS_MODES = ("auto", "on", "off")
 
 
 _CONVERTERS: dict[str, Callable[[object], Any]] = {

@@ -102,7 +102,7 @@ async def test_events_arrive_a_late_join_is_replayed_and_a_restart_resets(
     emu = await replica(emulator_server, fmt)
     before = list(range(1000, 1200))  # 3 key blocks of 64, stored before any gateway listens
     await generate(emu, before)
-    gw = await gateway([emu.url])
+    gw = await gateway([emu.url], kv_events="on")  # token-id prompts: exact without a tokenizer
     assert KV_SUBSCRIBER in gw.app
     theirs = await complete_until_heard(gw, emu)  # 2 key blocks, routed by this gateway
     await wait_for(lambda: status(gw, emu).get("replayed_batches", 0) > 0)  # the batches before the join
@@ -128,13 +128,20 @@ async def test_events_arrive_a_late_join_is_replayed_and_a_restart_resets(
     await wait_for(lambda: can_bind(endpoint))
 
 
-async def test_a_gateway_with_kv_events_off_stays_learned(
-    emulator_server: Emulators, gateway: StartGateway
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("off", "--kv-events off"),
+        ("auto", "--kv-events auto without --tokenizer-path: text prompts are keyed by characters"),
+    ],
+)
+async def test_a_gateway_with_kv_events_off_or_without_a_tokenizer_stays_learned(
+    emulator_server: Emulators, gateway: StartGateway, mode: str, why: str
 ) -> None:
     emu = await replica(emulator_server, "0.5.23")
-    gw = await gateway([emu.url], kv_events="off")
+    gw = await gateway([emu.url], kv_events=mode)
     s = status(gw, emu)
-    assert (s["mode"], s["why"]) == ("learned", "--kv-events off")
+    assert (s["mode"], s["why"]) == ("learned", why)
     assert gw.app[KV_SUBSCRIBER].feeds == {}
 
 
@@ -192,7 +199,7 @@ async def test_token_id_prompts_through_the_gateway_predict_the_reported_cached_
     emulator_server: Emulators, gateway: StartGateway, fmt: str, tiers: tuple[str, ...]
 ) -> None:
     emu = await replica(emulator_server, fmt, "--enable-cache-report", "--max-total-tokens", "2400", *tiers)
-    gw = await gateway([emu.url])
+    gw = await gateway([emu.url], kv_events="on")  # token-id prompts, no tokenizer
     await complete_until_heard(gw, emu)
     docs = [list(range(100_000 * d, 100_000 * d + 640)) for d in range(1, 4)]  # 3 x 10 key blocks
     for turn in range(3):  # growing conversations over a GPU of 2400 tokens: the last turn evicts

@@ -41,6 +41,7 @@ from tokenizers import Tokenizer
 from proxy.chat_template import ChatTemplate, Unrenderable
 from proxy.exposition import FastHistogram
 from proxy.metrics import GatewayMetrics
+from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, Pieces, cuts_are_exact
 from proxy.prefix_cache import Key, PrefixCache, cut_keys
 from proxy.types import ParsedRequest
 from routing.prompt import ChatPrompt, TextPrompt, TokenPrompt
@@ -59,13 +60,37 @@ class TokenizerError(ValueError):
 @dataclass(slots=True)
 class _Plan:
     """How one text's ids are assembled: ``base`` (cached ids of ``text[:start]``), then the ids of
-    ``text[start:cut]`` (stored under ``key`` afterwards), then those of ``text[cut:]``."""
+    ``text[start:cut]`` (stored under ``key`` afterwards), then those of ``text[cut:]``; a long part is
+    in ``head`` / ``tail`` pieces (``proxy/paragraph_cache.py``), its cached paragraphs already found."""
 
     text: str
     base: array[int]
     start: int
     cut: int
     key: Key | None
+    head: Pieces | None = None
+    tail: Pieces | None = None
+
+    def parts(self) -> tuple[str, str]:
+        """The text of the head (empty when nothing is stored) and of the tail."""
+        head = self.text[self.start : self.cut] if self.key is not None else ""
+        return head, self.text[max(self.start, self.cut) :]
+
+    def new_chars(self) -> int:
+        """Characters left to encode."""
+        head, tail = self.parts()
+        return sum(_todo(t, p) for t, p in ((head, self.head), (tail, self.tail)))
+
+
+@dataclass(slots=True)
+class _Encoded:
+    prefix: array[int]  # ids of text[:cut]
+    ids: tuple[int, ...]  # all the ids
+    fresh: tuple[list[array[int]], list[array[int]]] = ([], [])  # new paragraphs' ids (head, tail)
+
+
+def _todo(text: str, pieces: Pieces | None) -> int:
+    return len(text) if pieces is None else sum(map(len, pieces.missing))
 
 
 def _token_text(value: Any) -> str | None:
@@ -96,6 +121,7 @@ class PromptTokenizer:
         specials = [t.content for t in tokenizer.get_added_tokens_decoder().values() if _splits(t)]
         alternatives = "|".join(map(re.escape, sorted(specials, key=len, reverse=True)))
         self._cuts = re.compile(alternatives) if alternatives else None
+        self.paragraphs = ParagraphCache() if cuts_are_exact(self._encode_many) else None
         self.counts: Counter[str] = Counter()  # tokenized, ids, fallback_<reason>
         self.observe: Callable[[str, float], None] | None = None  # (mode, seconds) of each tokenizing
 
@@ -133,10 +159,14 @@ class PromptTokenizer:
         ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
         return ids
 
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Direct encodes of several texts without special tokens, in one call; thread-safe."""
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)] if texts else []
+
     def chat_ids(self, text: str) -> tuple[int, ...]:
         """The ids of a rendered chat, with the prefix cache, on the calling thread."""
         plan = self._plan(text)
-        return self._finish(plan, *self._encode(plan))
+        return self._finish(plan, self._encode(plan))
 
     async def ids_async(self, text: str, chat: bool) -> tuple[tuple[int, ...], bool]:
         """(the ids of a rendered chat or of a text prompt, whether a thread computed them): in a thread
@@ -147,8 +177,8 @@ class PromptTokenizer:
             return tuple(await asyncio.to_thread(self.encode, text, True)), True
         plan = self._plan(text)
         if not _threaded(plan):
-            return self._finish(plan, *self._encode(plan)), False
-        return self._finish(plan, *await asyncio.to_thread(self._encode, plan)), True
+            return self._finish(plan, self._encode(plan)), False
+        return self._finish(plan, await asyncio.to_thread(self._encode, plan)), True
 
     def _plan(self, text: str) -> _Plan:
         cuts = [m.end() for m in self._cuts.finditer(text)] if self._cuts is not None else []
@@ -156,20 +186,35 @@ class PromptTokenizer:
         hit = self.cache.longest(keys) if keys else None
         base, start = (hit[1], hit[0][1]) if hit is not None else (array("I"), 0)
         cut = cuts[-1] if cuts else 0
-        return _Plan(text, base, start, cut, keys[-1] if cut > start else None)
+        plan = _Plan(text, base, start, cut, keys[-1] if cut > start else None)
+        if self.paragraphs is not None:
+            head, tail = plan.parts()
+            plan.head = self.paragraphs.pieces(head) if len(head) > SEGMENT_CHARS else None
+            plan.tail = self.paragraphs.pieces(tail) if len(tail) > SEGMENT_CHARS else None
+        return plan
 
-    def _encode(self, plan: _Plan) -> tuple[array[int], tuple[int, ...]]:
-        """(the ids of ``text[:cut]``, all the ids): reads only immutable values, so it may run in a
-        thread (the cached arrays are never changed in place)."""
-        prefix = plan.base
-        if plan.key is not None:
-            prefix = plan.base + array("I", self.encode(plan.text[plan.start : plan.cut]))
-        return prefix, tuple(prefix) + tuple(self.encode(plan.text[max(plan.start, plan.cut) :]))
+    def _encode(self, plan: _Plan) -> _Encoded:
+        """The ids (``_Encoded``): reads only immutable values, so it may run in a thread (the cached
+        arrays are never changed in place)."""
+        head, tail = plan.parts()
+        todo = [
+            plan.head.missing if plan.head else [head] if head else [],
+            plan.tail.missing if plan.tail else [tail],
+        ]
+        encoded = self._encode_many([t for group in todo for t in group])
+        got = [encoded[: len(todo[0])], encoded[len(todo[0]) :]]
+        (h, fresh_h), (t, fresh_t) = (_joined(p, g) for p, g in zip((plan.head, plan.tail), got, strict=True))
+        prefix = plan.base + h if plan.key is not None else plan.base
+        return _Encoded(prefix, tuple(prefix) + tuple(t), (fresh_h, fresh_t))
 
-    def _finish(self, plan: _Plan, prefix: array[int], ids: tuple[int, ...]) -> tuple[int, ...]:
+    def _finish(self, plan: _Plan, done: _Encoded) -> tuple[int, ...]:
         if plan.key is not None:
-            self.cache.put(plan.key, prefix)
-        return ids
+            self.cache.put(plan.key, done.prefix)
+        if self.paragraphs is not None:
+            for pieces, fresh in zip((plan.head, plan.tail), done.fresh, strict=True):
+                if pieces is not None:
+                    self.paragraphs.store(pieces, fresh)
+        return done.ids
 
     # ---- requests -------------------------------------------------------------------------------------
     async def tokenized(self, parsed: ParsedRequest) -> ParsedRequest:
@@ -235,9 +280,16 @@ class PromptTokenizer:
         return dataclasses.replace(parsed, routing=dataclasses.replace(parsed.routing, prompt=prompt))
 
 
+def _joined(pieces: Pieces | None, encoded: list[list[int]]) -> tuple[array[int], list[array[int]]]:
+    """A part's ids from its pieces and their encoded misses (or from its one encode), and the new ones."""
+    if pieces is None:
+        return array("I", encoded[0] if encoded else ()), []
+    return pieces.assemble(encoded)
+
+
 def _threaded(plan: _Plan) -> bool:
     """Long new text (``THREAD_CHARS``), or many cached ids to copy into the prompt (``THREAD_IDS``)."""
-    return len(plan.text) - plan.start > THREAD_CHARS or len(plan.base) > THREAD_IDS
+    return plan.new_chars() > THREAD_CHARS or len(plan.base) > THREAD_IDS
 
 
 def _splits(token: Any) -> bool:
@@ -276,4 +328,5 @@ def _status(tok: PromptTokenizer | None) -> dict[str, Any]:
     return {
         "enabled": True, "chat_template": tok.template is not None, "tokenized": counts["tokenized"],
         "ids": counts["ids"], "fallback": fallback, "prefix_cache": tok.cache.status(),
+        "paragraph_cache": tok.paragraphs.status() if tok.paragraphs is not None else None,
     }  # fmt: skip

@@ -1,0 +1,136 @@
+"""A bounded LRU cache of the token ids of paragraphs: long new text is encoded a paragraph at a time.
+
+Why it can be exact: a byte-level BPE tokenizer (GPT-2, Llama 3, Qwen) pre-tokenizes with a regex
+whose word pattern takes at most a space or a punctuation mark before a run of letters, never a newline.
+So a letter right after a newline starts a pre-token, no BPE merge crosses that point, and
+``ids(text) == ids(text[:i]) + ids(text[i:])`` there. Not every tokenizer works so (SentencePiece adds a
+prefix space to each piece, some normalizers look across characters): ``cuts_are_exact`` tries the
+loaded tokenizer on ``PROBES`` at start-up, and ``proxy/tokenizer.py`` uses the cache only when every
+probe holds (else it encodes text whole, as before).
+
+Why it helps: the prefix cache (``proxy/prefix_cache.py``) reuses whole turns, but RAG frameworks put the
+document in the user message before the question, and hot traffic sends one document with notes of its
+own: the turn is new each time, and encoding its ~6-16K tokens was most of the gateway's CPU (py-spy on
+bench.exact's hot: 40% of the gateway's samples in the encoder). Here a text is cut at the first such
+point after every ``SEGMENT_CHARS`` characters, each segment keyed by the ``xxh3_128`` of its text (no
+text is kept), so the same document gives the same segments and only the segments around the question
+are encoded.
+
+Bounds: at most ``max_entries`` segments and ``max_ids`` ids (least recently used evicted first). The
+cache is read and written on the event loop only; encoding the misses may run in a thread.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import xxhash
+
+SEGMENT_CHARS = 2048  # a segment ends at the first exact cut after this many characters
+PROBES = (
+    "Hello world.\nNext line, here.\n\nA new paragraph: it's done.\n  Indented\nend",
+    "x = foo(1)\n\treturn y\nclass Z:\n    pass\nÉté à Zürich\n日本語のテキスト\nok",
+    "Numbers 123\n456 and\n\n\nthree blank lines\n- a list\nitem two\n'quoted'\nword",
+)
+
+Encode = Callable[[list[str]], list[list[int]]]
+
+
+def cuts(text: str, every: int = SEGMENT_CHARS) -> list[int]:
+    """Cut points: the first position after each ``every`` characters that follows a newline and holds a
+    letter (ascending, excluding 0 and ``len(text)``)."""
+    out: list[int] = []
+    pos = every
+    while pos < len(text):
+        j = text.find("\n", pos - 1)
+        while j != -1 and j + 1 < len(text) and not text[j + 1].isalpha():
+            j = text.find("\n", j + 1)
+        if j == -1 or j + 1 >= len(text):
+            break
+        out.append(j + 1)
+        pos = j + 1 + every
+    return out
+
+
+def cuts_are_exact(encode: Encode) -> bool:
+    """Whether the tokenizer's ids are the same with the text cut at every such point (``PROBES``)."""
+    for text in PROBES:
+        points = cuts(text, 1)
+        pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+        whole, *parts = encode([text, *pieces])
+        if whole != [i for p in parts for i in p]:
+            return False
+    return True
+
+
+class Pieces:
+    """One text cut into segments: cached ids, or text to encode (``missing``, with their keys)."""
+
+    __slots__ = ("ids", "keys", "missing")
+
+    def __init__(self, ids: list[array[int] | None], keys: list[int], missing: list[str]) -> None:
+        self.ids, self.keys, self.missing = ids, keys, missing
+
+    def assemble(self, encoded: Sequence[Sequence[int]]) -> tuple[array[int], list[array[int]]]:
+        """All the ids, and the encoded segments' ids (in ``missing`` order); thread-safe."""
+        fresh = [array("I", e) for e in encoded]
+        out, it = array("I"), iter(fresh)
+        for ids in self.ids:
+            out += ids if ids is not None else next(it)
+        return out, fresh
+
+
+class ParagraphCache:
+    """See the module docstring."""
+
+    def __init__(self, max_entries: int = 16384, max_ids: int = 8 << 20) -> None:
+        self.max_entries, self.max_ids = max_entries, max_ids
+        self._entries: OrderedDict[int, array[int]] = OrderedDict()
+        self.total_ids = 0
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def pieces(self, text: str) -> Pieces:
+        """``text`` cut into segments, each with its cached ids or to be encoded."""
+        points = cuts(text)
+        segs = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+        keys = [xxhash.xxh3_128_intdigest(s.encode("utf-8", "surrogatepass")) for s in segs]
+        ids: list[array[int] | None] = []
+        missing: list[str] = []
+        for seg, key in zip(segs, keys, strict=True):
+            got = self._entries.get(key)
+            if got is not None:
+                self._entries.move_to_end(key)
+            else:
+                missing.append(seg)
+            ids.append(got)
+        self.hits += len(segs) - len(missing)
+        self.misses += len(missing)
+        return Pieces(ids, keys, missing)
+
+    def store(self, pieces: Pieces, fresh: Sequence[array[int]]) -> None:
+        """Keeps the ids of the segments that were encoded."""
+        it = iter(fresh)
+        for key, ids in zip(pieces.keys, pieces.ids, strict=True):
+            if ids is None:
+                self._put(key, next(it))
+
+    def _put(self, key: int, ids: array[int]) -> None:
+        if key in self._entries or len(ids) > self.max_ids // 4:
+            return
+        self._entries[key] = ids
+        self.total_ids += len(ids)
+        while len(self._entries) > self.max_entries or self.total_ids > self.max_ids:
+            _, old = self._entries.popitem(last=False)
+            self.total_ids -= len(old)
+
+    def status(self) -> dict[str, float]:
+        asked = self.hits + self.misses
+        return {
+            "entries": len(self._entries), "ids": self.total_ids, "hits": self.hits, "misses": self.misses,
+            "hit_ratio": self.hits / asked if asked else 0.0,
+        }  # fmt: skip

@@ -5,6 +5,7 @@ for a tokenizer whose ids change where the text is cut."""
 from __future__ import annotations
 
 from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers

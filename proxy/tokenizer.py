@@ -300,6 +300,7 @@ def _splits(token: Any) -> bool:
 def observe_tokenizer(metrics: GatewayMetrics, tok: PromptTokenizer | None) -> None:
     """``kvroute_tokenizer{field}`` (enabled 0/1, requests tokenized, already ids, fallbacks by reason),
     ``kvroute_tokenizer_prefix_cache{field}`` (entries, ids, hits, misses, hit_ratio, evicted),
+    ``kvroute_tokenizer_paragraph_cache{field}`` (entries, ids, hits, misses, hit_ratio),
     ``kvroute_tokenize_seconds{mode}`` (inline or thread: parse to token ids) and ``/status["tokenizer"]``."""
     metrics.register_source("tokenizer", lambda: _fields(tok), "The gateway's tokenizer", "field")
     metrics.register_section("tokenizer", lambda: _status(tok))
@@ -308,6 +309,10 @@ def observe_tokenizer(metrics: GatewayMetrics, tok: PromptTokenizer | None) -> N
     metrics.register_source(
         "tokenizer_prefix_cache", tok.cache.status, "Cache of rendered conversation prefixes", "field"
     )
+    if tok.paragraphs is not None:
+        metrics.register_source(
+            "tokenizer_paragraph_cache", tok.paragraphs.status, "Cache of long turns' paragraphs", "field"
+        )
     seconds = metrics.add(
         FastHistogram("kvroute_tokenize_seconds", "A prompt to token ids", ("mode",), TOKENIZE_BUCKETS)
     )

@@ -122,9 +122,11 @@ class KvSubscriber:
     def _why_not(self, r: Replica) -> str:
         if self.gw.settings.kv_events == "off":
             return "--kv-events off"
+        if r.info is None or publisher_config(r.info.kv_events_config) is None:
+            return "the replica publishes no KV events (no kv_events_config)"
         if not self._wanted():
             return "--kv-events auto without --tokenizer-path: text prompts are keyed by characters"
-        return "the replica publishes no KV events (no kv_events_config)"
+        return "not subscribed yet"
 
     def _open(self, r: Replica) -> None:
         text = self._config_text(r)

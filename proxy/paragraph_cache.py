@@ -23,10 +23,11 @@ cache is read and written on the event loop only; encoding the misses may run in
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 import xxhash
+
+from proxy.prefix_cache import IdsLru
 
 SEGMENT_CHARS = 2048  # a segment ends at the first exact cut after this many characters
 PROBES = (
@@ -54,12 +55,15 @@ def cuts(text: str, every: int = SEGMENT_CHARS) -> list[int]:
     return out
 
 
+def split(text: str, points: Sequence[int]) -> list[str]:
+    """``text`` cut at ``points`` (ascending)."""
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+
+
 def cuts_are_exact(encode: Encode) -> bool:
     """Whether the tokenizer's ids are the same with the text cut at every such point (``PROBES``)."""
     for text in PROBES:
-        points = cuts(text, 1)
-        pieces = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
-        whole, *parts = encode([text, *pieces])
+        whole, *parts = encode([text, *split(text, cuts(text, 1))])
         if whole != [i for p in parts for i in p]:
             return False
     return True
@@ -82,32 +86,19 @@ class Pieces:
         return out, fresh
 
 
-class ParagraphCache:
+class ParagraphCache(IdsLru[int]):
     """See the module docstring."""
 
     def __init__(self, max_entries: int = 16384, max_ids: int = 8 << 20) -> None:
-        self.max_entries, self.max_ids = max_entries, max_ids
-        self._entries: OrderedDict[int, array[int]] = OrderedDict()
-        self.total_ids = 0
+        super().__init__(max_entries, max_ids)
         self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def pieces(self, text: str) -> Pieces:
         """``text`` cut into segments, each with its cached ids or to be encoded."""
-        points = cuts(text)
-        segs = [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
+        segs = split(text, cuts(text))
         keys = [xxhash.xxh3_128_intdigest(s.encode("utf-8", "surrogatepass")) for s in segs]
-        ids: list[array[int] | None] = []
-        missing: list[str] = []
-        for seg, key in zip(segs, keys, strict=True):
-            got = self._entries.get(key)
-            if got is not None:
-                self._entries.move_to_end(key)
-            else:
-                missing.append(seg)
-            ids.append(got)
+        ids = [self.get(key) for key in keys]
+        missing = [seg for seg, got in zip(segs, ids, strict=True) if got is None]
         self.hits += len(segs) - len(missing)
         self.misses += len(missing)
         return Pieces(ids, keys, missing)
@@ -117,20 +108,11 @@ class ParagraphCache:
         it = iter(fresh)
         for key, ids in zip(pieces.keys, pieces.ids, strict=True):
             if ids is None:
-                self._put(key, next(it))
-
-    def _put(self, key: int, ids: array[int]) -> None:
-        if key in self._entries or len(ids) > self.max_ids // 4:
-            return
-        self._entries[key] = ids
-        self.total_ids += len(ids)
-        while len(self._entries) > self.max_entries or self.total_ids > self.max_ids:
-            _, old = self._entries.popitem(last=False)
-            self.total_ids -= len(old)
+                self.put(key, next(it))
 
     def status(self) -> dict[str, float]:
         asked = self.hits + self.misses
         return {
-            "entries": len(self._entries), "ids": self.total_ids, "hits": self.hits, "misses": self.misses,
-            "hit_ratio": self.hits / asked if asked else 0.0,
+            "entries": len(self), "ids": self.total_ids, "hits": self.hits, "misses": self.misses,
+            "hit_ratio": self.hits / asked if asked else 0.0, "evicted": self.evicted,
         }  # fmt: skip

@@ -22,10 +22,12 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import xxhash
 
 Key = tuple[int, int]  # (xxh3_128 of the prefix, its length in characters)
+K = TypeVar("K")
 
 
 @dataclass(slots=True)
@@ -50,43 +52,66 @@ def cut_keys(text: str, cuts: Sequence[int]) -> Iterator[Key]:
         yield h.intdigest(), c
 
 
-class PrefixCache:
-    """See the module docstring."""
+class IdsLru(Generic[K]):
+    """A bounded LRU of token-id arrays by key: at most ``max_entries`` entries and ``max_ids`` ids in all
+    (least recently used evicted first); an array of more than ``max_ids // 4`` ids is not kept. Shared by
+    this prefix cache and ``proxy/paragraph_cache.py``."""
 
-    def __init__(self, max_entries: int = 4096, max_ids: int = 8 << 20) -> None:
+    def __init__(self, max_entries: int, max_ids: int) -> None:
         self.max_entries, self.max_ids = max_entries, max_ids
-        self._entries: OrderedDict[Key, array[int]] = OrderedDict()
+        self._entries: OrderedDict[K, array[int]] = OrderedDict()
         self.total_ids = 0
-        self.stats = CacheStats()
+        self.evicted = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def get(self, key: K) -> array[int] | None:
+        """The ids under ``key``, marked recently used, or None."""
+        ids = self._entries.get(key)
+        if ids is not None:
+            self._entries.move_to_end(key)
+        return ids
+
+    def put(self, key: K, ids: array[int]) -> bool:
+        """Keeps ``ids`` under ``key`` (False: already there, or too long to keep)."""
+        if len(ids) > self.max_ids // 4 or key in self._entries:
+            return False
+        self._entries[key] = ids
+        self.total_ids += len(ids)
+        while len(self._entries) > self.max_entries or self.total_ids > self.max_ids:
+            _, old = self._entries.popitem(last=False)
+            self.total_ids -= len(old)
+            self.evicted += 1
+        return True
+
+
+class PrefixCache(IdsLru[Key]):
+    """See the module docstring."""
+
+    def __init__(self, max_entries: int = 4096, max_ids: int = 8 << 20) -> None:
+        super().__init__(max_entries, max_ids)
+        self.stats = CacheStats()
+
     def longest(self, keys: Sequence[Key]) -> tuple[Key, array[int]] | None:
         """The longest cached prefix among ``keys`` (ascending by length), marked recently used."""
         for key in reversed(keys):
-            ids = self._entries.get(key)
+            ids = self.get(key)
             if ids is not None:
-                self._entries.move_to_end(key)
                 self.stats.hits += 1
                 return key, ids
         self.stats.misses += 1
         return None
 
-    def put(self, key: Key, ids: array[int]) -> None:
-        if len(ids) > self.max_ids // 4 or key in self._entries:
-            return
-        self._entries[key] = ids
-        self.total_ids += len(ids)
-        self.stats.stored += 1
-        while len(self._entries) > self.max_entries or self.total_ids > self.max_ids:
-            _, old = self._entries.popitem(last=False)
-            self.total_ids -= len(old)
-            self.stats.evicted += 1
+    def put(self, key: Key, ids: array[int]) -> bool:
+        stored = super().put(key, ids)
+        self.stats.stored += stored
+        self.stats.evicted = self.evicted
+        return stored
 
     def status(self) -> dict[str, float]:
         s = self.stats
         return {
-            "entries": len(self._entries), "ids": self.total_ids, "hits": s.hits, "misses": s.misses,
+            "entries": len(self), "ids": self.total_ids, "hits": s.hits, "misses": s.misses,
             "hit_ratio": s.hit_ratio(), "evicted": s.evicted,
         }  # fmt: skip

@@ -60,26 +60,21 @@ class TokenizerError(ValueError):
 @dataclass(slots=True)
 class _Plan:
     """How one text's ids are assembled: ``base`` (cached ids of ``text[:start]``), then the ids of
-    ``text[start:cut]`` (stored under ``key`` afterwards), then those of ``text[cut:]``; a long part is
-    in ``head`` / ``tail`` pieces (``proxy/paragraph_cache.py``), its cached paragraphs already found."""
+    ``text[start:cut]`` (``head``, stored under ``key`` afterwards), then those of ``text[cut:]``
+    (``tail``); a long part is in ``head_pieces`` / ``tail_pieces`` (``proxy/paragraph_cache.py``), its
+    cached paragraphs already found."""
 
-    text: str
     base: array[int]
-    start: int
-    cut: int
     key: Key | None
-    head: Pieces | None = None
-    tail: Pieces | None = None
+    head: str  # text[start:cut] when it is stored under key, else ""
+    tail: str  # text[max(start, cut):]
+    head_pieces: Pieces | None = None
+    tail_pieces: Pieces | None = None
 
-    def parts(self) -> tuple[str, str]:
-        """The text of the head (empty when nothing is stored) and of the tail."""
-        head = self.text[self.start : self.cut] if self.key is not None else ""
-        return head, self.text[max(self.start, self.cut) :]
-
-    def new_chars(self) -> int:
-        """Characters left to encode."""
-        head, tail = self.parts()
-        return sum(_todo(t, p) for t, p in ((head, self.head), (tail, self.tail)))
+    def todo(self) -> tuple[list[str], list[str]]:
+        """The texts left to encode, of the head and of the tail."""
+        head = self.head_pieces.missing if self.head_pieces else [self.head] if self.head else []
+        return head, self.tail_pieces.missing if self.tail_pieces else [self.tail]
 
 
 @dataclass(slots=True)
@@ -87,10 +82,6 @@ class _Encoded:
     prefix: array[int]  # ids of text[:cut]
     ids: tuple[int, ...]  # all the ids
     fresh: tuple[list[array[int]], list[array[int]]] = ([], [])  # new paragraphs' ids (head, tail)
-
-
-def _todo(text: str, pieces: Pieces | None) -> int:
-    return len(text) if pieces is None else sum(map(len, pieces.missing))
 
 
 def _token_text(value: Any) -> str | None:
@@ -156,12 +147,13 @@ class PromptTokenizer:
     # ---- ids ------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """A direct encode (no cache); thread-safe."""
-        ids: list[int] = self._tok.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
-        return ids
+        return self._encode_many([text], add_special_tokens)[0]
 
-    def _encode_many(self, texts: list[str]) -> list[list[int]]:
-        """Direct encodes of several texts without special tokens, in one call; thread-safe."""
-        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)] if texts else []
+    def _encode_many(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """Direct encodes of several texts, in one call; thread-safe."""
+        if not texts:
+            return []
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
 
     def chat_ids(self, text: str) -> tuple[int, ...]:
         """The ids of a rendered chat, with the prefix cache, on the calling thread."""
@@ -186,24 +178,20 @@ class PromptTokenizer:
         hit = self.cache.longest(keys) if keys else None
         base, start = (hit[1], hit[0][1]) if hit is not None else (array("I"), 0)
         cut = cuts[-1] if cuts else 0
-        plan = _Plan(text, base, start, cut, keys[-1] if cut > start else None)
+        key = keys[-1] if cut > start else None
+        plan = _Plan(base, key, text[start:cut] if key is not None else "", text[max(start, cut) :])
         if self.paragraphs is not None:
-            head, tail = plan.parts()
-            plan.head = self.paragraphs.pieces(head) if len(head) > SEGMENT_CHARS else None
-            plan.tail = self.paragraphs.pieces(tail) if len(tail) > SEGMENT_CHARS else None
+            plan.head_pieces = self.paragraphs.pieces(plan.head) if len(plan.head) > SEGMENT_CHARS else None
+            plan.tail_pieces = self.paragraphs.pieces(plan.tail) if len(plan.tail) > SEGMENT_CHARS else None
         return plan
 
     def _encode(self, plan: _Plan) -> _Encoded:
         """The ids (``_Encoded``): reads only immutable values, so it may run in a thread (the cached
         arrays are never changed in place)."""
-        head, tail = plan.parts()
-        todo = [
-            plan.head.missing if plan.head else [head] if head else [],
-            plan.tail.missing if plan.tail else [tail],
-        ]
-        encoded = self._encode_many([t for group in todo for t in group])
-        got = [encoded[: len(todo[0])], encoded[len(todo[0]) :]]
-        (h, fresh_h), (t, fresh_t) = (_joined(p, g) for p, g in zip((plan.head, plan.tail), got, strict=True))
+        head, tail = plan.todo()
+        encoded = self._encode_many([*head, *tail])
+        h, fresh_h = _joined(plan.head_pieces, encoded[: len(head)])
+        t, fresh_t = _joined(plan.tail_pieces, encoded[len(head) :])
         prefix = plan.base + h if plan.key is not None else plan.base
         return _Encoded(prefix, tuple(prefix) + tuple(t), (fresh_h, fresh_t))
 
@@ -211,7 +199,7 @@ class PromptTokenizer:
         if plan.key is not None:
             self.cache.put(plan.key, done.prefix)
         if self.paragraphs is not None:
-            for pieces, fresh in zip((plan.head, plan.tail), done.fresh, strict=True):
+            for pieces, fresh in zip((plan.head_pieces, plan.tail_pieces), done.fresh, strict=True):
                 if pieces is not None:
                     self.paragraphs.store(pieces, fresh)
         return done.ids
@@ -289,7 +277,7 @@ def _joined(pieces: Pieces | None, encoded: list[list[int]]) -> tuple[array[int]
 
 def _threaded(plan: _Plan) -> bool:
     """Long new text (``THREAD_CHARS``), or many cached ids to copy into the prompt (``THREAD_IDS``)."""
-    return plan.new_chars() > THREAD_CHARS or len(plan.base) > THREAD_IDS
+    return sum(len(t) for part in plan.todo() for t in part) > THREAD_CHARS or len(plan.base) > THREAD_IDS
 
 
 def _splits(token: Any) -> bool:

@@ -144,27 +144,21 @@ class Runs:
         self._same: tuple[Any, ...] = ()
 
     def add(self, tag: str, f: Mapping[str, Any]) -> None:
-        hashes = f.get("block_hashes")
-        if tag == "BlockStored":
-            ids, same = f.get("token_ids"), tuple(f.get(k) for k in _ALIKE)
-            if self._continues(tag, same, f.get("parent_block_hash")) and type(hashes) is type(ids) is list:
-                self._hashes += hashes
-                self._ids += ids
-                self._n += 1
-                return
-        elif tag == "BlockRemoved":
-            same = (f.get("medium"),)
-            if self._continues(tag, same, None) and type(hashes) is list:
-                self._hashes += hashes
-                self._n += 1
-                return
-        else:
+        alike = _ALIKE.get(tag)
+        if alike is None:  # AllBlocksCleared, or an unknown type (refused by _from_fields)
             self._end()
             self._out.append(_from_fields(tag, f))
             return
+        hashes, ids, same = f.get("block_hashes"), f.get("token_ids"), tuple(f.get(k) for k in alike)
+        lists = type(hashes) is list and (tag == "BlockRemoved" or type(ids) is list)
+        if lists and self._continues(tag, same, f.get("parent_block_hash")):
+            self._hashes += _listed(hashes)
+            self._ids += _listed(ids)
+            self._n += 1
+            return
         self._end()
         self._tag, self._first, self._same, self._n = tag, f, same, 1
-        self._hashes, self._ids = list(_listed(hashes)), list(_listed(f.get("token_ids")))
+        self._hashes, self._ids = list(_listed(hashes)), list(_listed(ids))
 
     def events(self) -> tuple[KvEvent, ...]:
         self._end()
@@ -189,7 +183,10 @@ class Runs:
         self._tag, self._n = "", 0
 
 
-_ALIKE = ("block_size", "lora_id", "medium", "cache_salt", "session_id", "lora_name")
+_ALIKE = {  # the fields a run's events share
+    "BlockStored": ("block_size", "lora_id", "medium", "cache_salt", "session_id", "lora_name"),
+    "BlockRemoved": ("medium",),
+}
 
 
 def _listed(v: object) -> list[Any] | tuple[()]:

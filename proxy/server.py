@@ -38,11 +38,11 @@ from proxy.fleet import Fleet
 from proxy.kv_subscriber import kv_events_ctx
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
-from proxy.observe import observe_ctx
+from proxy.observe import observe_ctx, observe_tokenizer
 from proxy.request_body import body_middleware
 from proxy.serving import StartupError, serve, tls_context
 from proxy.settings import Settings, SettingsError, load_settings
-from proxy.tokenizer import PromptTokenizer, observe_tokenizer
+from proxy.tokenizer import PromptTokenizer
 from proxy.types import Route
 from proxy.upstream import Upstream
 from routing.router import Router

@@ -39,14 +39,11 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from proxy.chat_template import ChatTemplate, Unrenderable
-from proxy.exposition import FastHistogram
-from proxy.metrics import GatewayMetrics
 from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, Pieces, cuts_are_exact
 from proxy.prefix_cache import Key, PrefixCache, cut_keys
 from proxy.types import ParsedRequest
 from routing.prompt import ChatPrompt, TextPrompt, TokenPrompt
 
-TOKENIZE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 log = logging.getLogger("kvroute.tokenizer")
 THREAD_CHARS = 8192  # new text longer than this is encoded in a thread (~2.5 ms of encoding at 3.4 MB/s)
 THREAD_IDS = 32768  # ... and so is a prompt with more cached ids than this (~1.3 ms to copy them out)
@@ -283,43 +280,3 @@ def _threaded(plan: _Plan) -> bool:
 def _splits(token: Any) -> bool:
     """An added token that the tokenizer always splits out exactly (no whitespace stripping)."""
     return bool(token.special and not token.lstrip and not token.rstrip and not token.single_word)
-
-
-def observe_tokenizer(metrics: GatewayMetrics, tok: PromptTokenizer | None) -> None:
-    """``kvroute_tokenizer{field}`` (enabled 0/1, requests tokenized, already ids, fallbacks by reason),
-    ``kvroute_tokenizer_prefix_cache{field}`` (entries, ids, hits, misses, hit_ratio, evicted),
-    ``kvroute_tokenizer_paragraph_cache{field}`` (entries, ids, hits, misses, hit_ratio),
-    ``kvroute_tokenize_seconds{mode}`` (inline or thread: parse to token ids) and ``/status["tokenizer"]``."""
-    metrics.register_source("tokenizer", lambda: _fields(tok), "The gateway's tokenizer", "field")
-    metrics.register_section("tokenizer", lambda: _status(tok))
-    if tok is None:
-        return
-    metrics.register_source(
-        "tokenizer_prefix_cache", tok.cache.status, "Cache of rendered conversation prefixes", "field"
-    )
-    if tok.paragraphs is not None:
-        metrics.register_source(
-            "tokenizer_paragraph_cache", tok.paragraphs.status, "Cache of long turns' paragraphs", "field"
-        )
-    seconds = metrics.add(
-        FastHistogram("kvroute_tokenize_seconds", "A prompt to token ids", ("mode",), TOKENIZE_BUCKETS)
-    )
-    tok.observe = lambda mode, s: seconds.observe(s, mode)
-
-
-def _fields(tok: PromptTokenizer | None) -> dict[str, float]:
-    if tok is None:
-        return {"enabled": 0.0}
-    return {"enabled": 1.0, "tokenized": 0.0, "ids": 0.0, **{k: float(v) for k, v in tok.counts.items()}}
-
-
-def _status(tok: PromptTokenizer | None) -> dict[str, Any]:
-    if tok is None:
-        return {"enabled": False}
-    counts = {"tokenized": 0, "ids": 0, **tok.counts}
-    fallback = {k.removeprefix("fallback_"): v for k, v in counts.items() if k.startswith("fallback_")}
-    return {
-        "enabled": True, "chat_template": tok.template is not None, "tokenized": counts["tokenized"],
-        "ids": counts["ids"], "fallback": fallback, "prefix_cache": tok.cache.status(),
-        "paragraph_cache": tok.paragraphs.status() if tok.paragraphs is not None else None,
-    }  # fmt: skip

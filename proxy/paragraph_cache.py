@@ -16,6 +16,10 @@ point after every ``SEGMENT_CHARS`` characters, each segment keyed by the ``xxh3
 text is kept), so the same document gives the same segments and only the segments around the question
 are encoded.
 
+Text prompts (completions, ``/generate``) are encoded with the specials the tokenizer's post-processor
+adds (a BOS, an EOS); ``special_wrap`` finds them on the probes when they are fixed ids around the text's
+own, so a text prompt's ids are those specials around the cached ids of its text.
+
 Bounds: at most ``max_entries`` segments and ``max_ids`` ids (least recently used evicted first). The
 cache is read and written on the event loop only; encoding the misses may run in a thread.
 """
@@ -67,6 +71,20 @@ def cuts_are_exact(encode: Encode) -> bool:
         if whole != [i for p in parts for i in p]:
             return False
     return True
+
+
+def special_wrap(encode: Callable[..., list[list[int]]]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The ids a text encode adds before and after the text's own (a BOS, an EOS: the post-processor's),
+    when they are the same for every probe (``PROBES``); None when they are not (the text path then
+    keeps its one direct encode)."""
+    plain, full = encode(list(PROBES)), encode(list(PROBES), True)
+    n, whole = len(plain[0]), full[0]
+    k = next((k for k in range(len(whole) - n + 1) if whole[k : k + n] == plain[0]), None)
+    if k is None:
+        return None
+    pre, post = tuple(whole[:k]), tuple(whole[k + n :])
+    ok = all(list(pre) + p + list(post) == f for p, f in zip(plain, full, strict=True))
+    return (pre, post) if ok else None
 
 
 class Pieces:

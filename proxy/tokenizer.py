@@ -17,8 +17,10 @@ parts) keeps its typed prompt, and text keys; it is counted by reason.
 Off the critical path: a chat's ids are assembled from the longest cached rendered prefix
 (``proxy/prefix_cache.py``; a growing conversation encodes only its new turns) and the new text is
 encoded on the event loop when it is short, in a thread (``asyncio.to_thread``; ``tokenizers`` releases
-the GIL while it encodes) when it is longer than ``THREAD_CHARS``. The cache is read and written on the
-event loop only. No prompt text is kept: the cache's keys are hashes of it.
+the GIL while it encodes) when it is longer than ``THREAD_CHARS``. A text prompt takes the same path
+when the specials its encode adds are fixed ids around the text's own (``special_wrap``: a BOS, an EOS,
+or none), so a long document before new questions is encoded once; else it is encoded whole. The caches
+are read and written on the event loop only. No prompt text is kept: the caches' keys are hashes of it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from proxy.chat_template import ChatTemplate, Unrenderable
-from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, Pieces, cuts_are_exact
+from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, Pieces, cuts_are_exact, special_wrap
 from proxy.prefix_cache import Key, PrefixCache, cut_keys
 from proxy.types import ParsedRequest
 from routing.prompt import ChatPrompt, TextPrompt, TokenPrompt
@@ -110,6 +112,7 @@ class PromptTokenizer:
         alternatives = "|".join(map(re.escape, sorted(specials, key=len, reverse=True)))
         self._cuts = re.compile(alternatives) if alternatives else None
         self.paragraphs = ParagraphCache() if cuts_are_exact(self._encode_many) else None
+        self._wrap = special_wrap(self._encode_many)  # a text prompt's specials around its own ids
         self.counts: Counter[str] = Counter()  # tokenized, ids, fallback_<reason>
         self.observe: Callable[[str, float], None] | None = None  # (mode, seconds) of each tokenizing
 
@@ -157,17 +160,30 @@ class PromptTokenizer:
         plan = self._plan(text)
         return self._finish(plan, self._encode(plan))
 
+    def text_ids(self, text: str) -> tuple[int, ...]:
+        """The ids of a text prompt (``encode(text)``, specials added), on the calling thread."""
+        if self._wrap is None:
+            return tuple(self.encode(text, True))
+        pre, post = self._wrap
+        return (*pre, *self.chat_ids(text), *post)
+
     async def ids_async(self, text: str, chat: bool) -> tuple[tuple[int, ...], bool]:
         """(the ids of a rendered chat or of a text prompt, whether a thread computed them): in a thread
-        when the uncached text is long or the cached ids many (``_threaded``)."""
-        if not chat:
+        when the uncached text is long or the cached ids many (``_threaded``). A text prompt goes through
+        the caches too when the specials its encode adds are fixed ids around the text's own
+        (``_wrap``): a long document before new questions is encoded once."""
+        if not chat and self._wrap is None:
             if len(text) <= THREAD_CHARS:
                 return tuple(self.encode(text, True)), False
             return tuple(await asyncio.to_thread(self.encode, text, True)), True
         plan = self._plan(text)
         if not _threaded(plan):
-            return self._finish(plan, self._encode(plan)), False
-        return self._finish(plan, await asyncio.to_thread(self._encode, plan)), True
+            ids, threaded = self._finish(plan, self._encode(plan)), False
+        else:
+            ids, threaded = self._finish(plan, await asyncio.to_thread(self._encode, plan)), True
+        if chat or self._wrap is None:
+            return ids, threaded
+        return (*self._wrap[0], *ids, *self._wrap[1]), threaded
 
     def _plan(self, text: str) -> _Plan:
         cuts = [m.end() for m in self._cuts.finditer(text)] if self._cuts is not None else []
@@ -222,7 +238,7 @@ class PromptTokenizer:
             if not isinstance(source, tuple):
                 return parsed if source is None else self._with(parsed, source)
             text, chat = source
-            ids = self.chat_ids(text) if chat else tuple(self.encode(text, True))
+            ids = self.chat_ids(text) if chat else self.text_ids(text)
         except Exception as e:
             return self._fallback(parsed, e)
         return self._done(parsed, ids, t0, "inline")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
-from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, cuts, cuts_are_exact
+from proxy.paragraph_cache import SEGMENT_CHARS, ParagraphCache, cuts, cuts_are_exact, special_wrap
 from proxy.prefix_cache import PrefixCache
 from proxy.tokenizer import PromptTokenizer
 
@@ -108,3 +108,46 @@ def test_the_cache_bounds_its_ids() -> None:
         _, fresh = pieces.assemble([[1] * 50 for _ in pieces.missing])
         cache.store(pieces, fresh)
     assert len(cache) <= 3 and cache.total_ids <= 150
+
+
+def with_bos_eos() -> tuple[PromptTokenizer, Tokenizer]:
+    """model_bpe with a post-processor that puts ``<|im_start|>`` before a text and ``<|endoftext|>``
+    after it (a BOS and an EOS, as Llama-style tokenizers add to a text prompt)."""
+    raw = Tokenizer.from_file(str(DIR / "tokenizer.json"))
+    raw.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A <|endoftext|>",
+        special_tokens=[("<|im_start|>", 151644), ("<|endoftext|>", 151643)],
+    )
+    return PromptTokenizer(raw, None, PrefixCache()), raw
+
+
+async def test_a_text_prompt_reuses_its_documents_paragraphs_with_the_specials_its_encode_adds() -> None:
+    doc = "\n".join(f"Clause {i}: the tenant shall pay {i} dollars on the first day." for i in range(400))
+    for tok, raw in ((BASE.with_cache(PrefixCache()), RAW), with_bos_eos()):
+        assert tok.paragraphs is not None
+        misses = []
+        for n, threaded_expected in ((0, True), (1, False)):
+            text = doc + f"\nQuestion {n}: what is owed?"
+            ids, threaded = await tok.ids_async(text, chat=False)
+            assert list(ids) == raw.encode(text).ids and threaded is threaded_expected
+            assert tok.text_ids(text) == ids
+            misses.append(tok.paragraphs.misses)
+        assert misses[1] - misses[0] == 1  # the second prompt encoded only its question's segment
+    raw = with_bos_eos()[1]
+
+    def encode_many(texts: list[str], specials: bool = False) -> list[list[int]]:
+        return [e.ids for e in raw.encode_batch(texts, add_special_tokens=specials)]
+
+    assert special_wrap(encode_many) == ((151644,), (151643,))
+
+
+def test_specials_that_are_not_fixed_ids_around_the_text_keep_the_direct_encode() -> None:
+    def counted(texts: list[str], specials: bool = False) -> list[list[int]]:
+        ids = [[ord(c) for c in t] for t in texts]
+        return [[len(t), *i] for t, i in zip(texts, ids, strict=True)] if specials else ids
+
+    def fixed(texts: list[str], specials: bool = False) -> list[list[int]]:
+        return [[1, *(ord(c) for c in t), 2] if specials else [ord(c) for c in t] for t in texts]
+
+    assert special_wrap(counted) is None  # the "BOS" is the text's length: not one id for every text
+    assert special_wrap(fixed) == ((1,), (2,))

@@ -15,12 +15,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
 
+from proxy import kv_feed
 from proxy.kv_feed import KvFeed, SeqTracker, connect_endpoint
 from proxy.kv_subscriber import KV_SUBSCRIBER
+from proxy.kv_wire import decode_message
 from routing.kv_events import EventBatch
 from routing.prompt import PromptRequest, TokenPrompt
 from routing.types import PrefixMatch
@@ -217,3 +220,32 @@ async def test_token_id_prompts_through_the_gateway_predict_the_reported_cached_
     last_turn = sorted(d.cached_tokens or 0 for d in decisions[:3])
     assert last_turn == ([768, 768, 768] if tiers else [704, 768, 768])  # an evicted block: lost, or on host
     assert acc.error_ratio == 0.0
+
+
+def _stored_pages(pages: int) -> list[bytes]:
+    """One message holding a prompt's store page by page, as SGLang publishes it (16 tokens a page)."""
+    events = [
+        {"type": "BlockStored", "block_hashes": [i + 1], "parent_block_hash": i or None,
+         "token_ids": list(range(16 * i, 16 * i + 16)), "block_size": 16, "lora_id": None, "medium": "GPU"}
+        for i in range(pages)
+    ]  # fmt: skip
+    return [b"", (7).to_bytes(8, "big"), msgpack.packb([1.0, events, 0])]
+
+
+async def test_a_large_message_is_decoded_in_a_thread_into_the_same_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    threads: list[object] = []
+    real = asyncio.to_thread
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        threads.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(kv_feed.asyncio, "to_thread", spy)
+    small, large = _stored_pages(4), _stored_pages(2500)  # a 40K-token prompt: ~370 KB
+    assert sum(map(len, small)) < kv_feed.THREAD_BYTES <= sum(map(len, large))
+    assert await kv_feed.decode_off_loop(small) == decode_message(small) and threads == []
+    batch = await kv_feed.decode_off_loop(large)
+    assert batch == decode_message(large) and threads == [decode_message]
+    assert batch.seq == 7 and len(batch.events[0].block_hashes) == 2500

@@ -24,8 +24,24 @@ __all__ = [
     "StackFactory",
     "post",
     "serve",
+    "spy_threads",
     "wait_for",
 ]
+
+
+def spy_threads(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[object]:
+    """The functions ``module`` runs through ``asyncio.to_thread`` from now on (they still run)."""
+    calls: list[object] = []
+    real = module.asyncio.to_thread
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        calls.append(fn)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(module.asyncio, "to_thread", spy)
+    return calls
+
+
 ADMIN_KEY = "test-admin-key"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}  # the admin API and /flush_cache
 

@@ -28,6 +28,7 @@ from routing.kv_events import EventBatch
 from routing.prompt import PromptRequest, TokenPrompt
 from routing.types import PrefixMatch
 from tests.conftest import Emu, Emulators, Gw, StartGateway, wait_for
+from tests.proxy.conftest import spy_threads
 
 WAIT_S = 5.0
 
@@ -235,14 +236,7 @@ def _stored_pages(pages: int) -> list[bytes]:
 async def test_a_large_message_is_decoded_in_a_thread_into_the_same_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    threads: list[object] = []
-    real = asyncio.to_thread
-
-    async def spy(fn: Any, *args: Any) -> Any:
-        threads.append(fn)
-        return await real(fn, *args)
-
-    monkeypatch.setattr(kv_feed.asyncio, "to_thread", spy)
+    threads = spy_threads(monkeypatch, kv_feed)
     small, large = _stored_pages(4), _stored_pages(2500)  # a 40K-token prompt: ~370 KB
     assert sum(map(len, small)) < kv_feed.THREAD_BYTES <= sum(map(len, large))
     assert await kv_feed.decode_off_loop(small) == decode_message(small) and threads == []

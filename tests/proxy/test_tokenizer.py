@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from proxy.prefix_cache import PrefixCache
 from proxy.tokenizer import PromptTokenizer
 from proxy.types import Route
 from routing.prompt import TokenPrompt
+from tests.proxy.conftest import spy_threads
 
 DIR = Path(__file__).resolve().parents[2] / "emulator" / "model_bpe"
 RAW = Tokenizer.from_file(str(DIR / "tokenizer.json"))
@@ -149,14 +149,7 @@ async def test_long_new_text_is_encoded_in_a_thread_with_the_same_ids(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     tok = PromptTokenizer.load(str(DIR))
-    threads: list[object] = []
-    real = asyncio.to_thread
-
-    async def spy(fn: Any, *args: Any) -> Any:
-        threads.append(fn)
-        return await real(fn, *args)
-
-    monkeypatch.setattr(tokenizer_module.asyncio, "to_thread", spy)
+    threads = spy_threads(monkeypatch, tokenizer_module)
     long = "route the cache " * 1000
     body = {"model": "m", "messages": [{"role": "user", "content": long}]}
     out = await tok.tokenized(_parsed(Route.CHAT, body))

@@ -41,7 +41,7 @@ async def observe_ctx(app: web.Application) -> AsyncIterator[None]:
 def observe_tokenizer(metrics: GatewayMetrics, tok: PromptTokenizer | None) -> None:
     """``kvroute_tokenizer{field}`` (enabled 0/1, requests tokenized, already ids, fallbacks by reason),
     ``kvroute_tokenizer_prefix_cache{field}`` (entries, ids, hits, misses, hit_ratio, evicted),
-    ``kvroute_tokenizer_paragraph_cache{field}`` (entries, ids, hits, misses, hit_ratio),
+    ``kvroute_tokenizer_paragraph_cache{field}`` (the same fields, per paragraph),
     ``kvroute_tokenize_seconds{mode}`` (inline or thread: parse to token ids) and ``/status["tokenizer"]``."""
     metrics.register_source("tokenizer", lambda: _fields(tok), "The gateway's tokenizer", "field")
     metrics.register_section("tokenizer", lambda: _status(tok))

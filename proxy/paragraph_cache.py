@@ -109,7 +109,6 @@ class ParagraphCache(IdsLru[int]):
 
     def __init__(self, max_entries: int = 16384, max_ids: int = 8 << 20) -> None:
         super().__init__(max_entries, max_ids)
-        self.hits = self.misses = 0
 
     def pieces(self, text: str) -> Pieces:
         """``text`` cut into segments, each with its cached ids or to be encoded."""
@@ -117,8 +116,8 @@ class ParagraphCache(IdsLru[int]):
         keys = [xxhash.xxh3_128_intdigest(s.encode("utf-8", "surrogatepass")) for s in segs]
         ids = [self.get(key) for key in keys]
         missing = [seg for seg, got in zip(segs, ids, strict=True) if got is None]
-        self.hits += len(segs) - len(missing)
-        self.misses += len(missing)
+        self.stats.hits += len(segs) - len(missing)
+        self.stats.misses += len(missing)
         return Pieces(ids, keys, missing)
 
     def store(self, pieces: Pieces, fresh: Sequence[array[int]]) -> None:
@@ -127,10 +126,3 @@ class ParagraphCache(IdsLru[int]):
         for key, ids in zip(pieces.keys, pieces.ids, strict=True):
             if ids is None:
                 self.put(key, next(it))
-
-    def status(self) -> dict[str, float]:
-        asked = self.hits + self.misses
-        return {
-            "entries": len(self), "ids": self.total_ids, "hits": self.hits, "misses": self.misses,
-            "hit_ratio": self.hits / asked if asked else 0.0, "evicted": self.evicted,
-        }  # fmt: skip

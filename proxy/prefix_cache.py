@@ -55,13 +55,13 @@ def cut_keys(text: str, cuts: Sequence[int]) -> Iterator[Key]:
 class IdsLru(Generic[K]):
     """A bounded LRU of token-id arrays by key: at most ``max_entries`` entries and ``max_ids`` ids in all
     (least recently used evicted first); an array of more than ``max_ids // 4`` ids is not kept. Shared by
-    this prefix cache and ``proxy/paragraph_cache.py``."""
+    this prefix cache and ``proxy/paragraph_cache.py``; each counts its own hits and misses in ``stats``."""
 
     def __init__(self, max_entries: int, max_ids: int) -> None:
         self.max_entries, self.max_ids = max_entries, max_ids
         self._entries: OrderedDict[K, array[int]] = OrderedDict()
         self.total_ids = 0
-        self.evicted = 0
+        self.stats = CacheStats()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -73,17 +73,24 @@ class IdsLru(Generic[K]):
             self._entries.move_to_end(key)
         return ids
 
-    def put(self, key: K, ids: array[int]) -> bool:
-        """Keeps ``ids`` under ``key`` (False: already there, or too long to keep)."""
+    def put(self, key: K, ids: array[int]) -> None:
+        """Keeps ``ids`` under ``key`` (not when already there, or too long to keep)."""
         if len(ids) > self.max_ids // 4 or key in self._entries:
-            return False
+            return
         self._entries[key] = ids
         self.total_ids += len(ids)
+        self.stats.stored += 1
         while len(self._entries) > self.max_entries or self.total_ids > self.max_ids:
             _, old = self._entries.popitem(last=False)
             self.total_ids -= len(old)
-            self.evicted += 1
-        return True
+            self.stats.evicted += 1
+
+    def status(self) -> dict[str, float]:
+        s = self.stats
+        return {
+            "entries": len(self), "ids": self.total_ids, "hits": s.hits, "misses": s.misses,
+            "hit_ratio": s.hit_ratio(), "evicted": s.evicted,
+        }  # fmt: skip
 
 
 class PrefixCache(IdsLru[Key]):
@@ -91,7 +98,6 @@ class PrefixCache(IdsLru[Key]):
 
     def __init__(self, max_entries: int = 4096, max_ids: int = 8 << 20) -> None:
         super().__init__(max_entries, max_ids)
-        self.stats = CacheStats()
 
     def longest(self, keys: Sequence[Key]) -> tuple[Key, array[int]] | None:
         """The longest cached prefix among ``keys`` (ascending by length), marked recently used."""
@@ -102,16 +108,3 @@ class PrefixCache(IdsLru[Key]):
                 return key, ids
         self.stats.misses += 1
         return None
-
-    def put(self, key: Key, ids: array[int]) -> bool:
-        stored = super().put(key, ids)
-        self.stats.stored += stored
-        self.stats.evicted = self.evicted
-        return stored
-
-    def status(self) -> dict[str, float]:
-        s = self.stats
-        return {
-            "entries": len(self), "ids": self.total_ids, "hits": s.hits, "misses": s.misses,
-            "hit_ratio": s.hit_ratio(), "evicted": s.evicted,
-        }  # fmt: skip

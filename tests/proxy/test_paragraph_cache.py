@@ -67,7 +67,7 @@ def test_a_document_before_new_questions_is_encoded_once() -> None:
     for n in range(3):
         text = chat(tok, doc, f"\nQuestion {n}: what is owed?")
         assert list(tok.chat_ids(text)) == encode(text)
-        misses.append(tok.paragraphs.misses)
+        misses.append(tok.paragraphs.stats.misses)
     assert len(doc) > 10 * SEGMENT_CHARS and misses[0] > 10
     assert [misses[1] - misses[0], misses[2] - misses[1]] == [1, 1]  # only the question's segment is new
 
@@ -131,7 +131,7 @@ async def test_a_text_prompt_reuses_its_documents_paragraphs_with_the_specials_i
             ids, threaded = await tok.ids_async(text, chat=False)
             assert list(ids) == raw.encode(text).ids and threaded is threaded_expected
             assert tok.text_ids(text) == ids
-            misses.append(tok.paragraphs.misses)
+            misses.append(tok.paragraphs.stats.misses)
         assert misses[1] - misses[0] == 1  # the second prompt encoded only its question's segment
     raw = with_bos_eos()[1]
 

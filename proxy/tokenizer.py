@@ -162,10 +162,13 @@ class PromptTokenizer:
 
     def text_ids(self, text: str) -> tuple[int, ...]:
         """The ids of a text prompt (``encode(text)``, specials added), on the calling thread."""
-        if self._wrap is None:
-            return tuple(self.encode(text, True))
+        return tuple(self.encode(text, True)) if self._wrap is None else self._wrapped(self.chat_ids(text))
+
+    def _wrapped(self, ids: tuple[int, ...]) -> tuple[int, ...]:
+        """A text prompt's ids: its encode's specials (``_wrap``, not None here) around its text's ids."""
+        assert self._wrap is not None
         pre, post = self._wrap
-        return (*pre, *self.chat_ids(text), *post)
+        return (*pre, *ids, *post)
 
     async def ids_async(self, text: str, chat: bool) -> tuple[tuple[int, ...], bool]:
         """(the ids of a rendered chat or of a text prompt, whether a thread computed them): in a thread
@@ -181,9 +184,7 @@ class PromptTokenizer:
             ids, threaded = self._finish(plan, self._encode(plan)), False
         else:
             ids, threaded = self._finish(plan, await asyncio.to_thread(self._encode, plan)), True
-        if chat or self._wrap is None:
-            return ids, threaded
-        return (*self._wrap[0], *ids, *self._wrap[1]), threaded
+        return (ids if chat else self._wrapped(ids)), threaded
 
     def _plan(self, text: str) -> _Plan:
         cuts = [m.end() for m in self._cuts.finditer(text)] if self._cuts is not None else []

@@ -3,8 +3,9 @@
 Two places, in this order for a generation request:
 
 1. The server's frame middleware, before any handler: `probe_fails` answers a health probe with 503
-   while an "unhealthy" fault lasts; `reset` drops a generation request's connection with a TCP RST
-   (SO_LINGER 0) after reading its body, then waits for the cancellation the lost connection brings.
+   while an "unhealthy" fault or a restart's down time lasts; `reset` drops a generation request's
+   connection with a TCP RST (SO_LINGER 0) after reading its body, then waits for the cancellation the
+   lost connection brings (an armed "reset", or any generation request while the replica is down).
 2. The generation handler, once the request is parsed: `request_fault` consumes one armed fail / hang /
    cut_stream and says what to do: answer `fail_status`, or cut the stream after `cut_after` events; a
    "hang" never returns (the handler waits until the client leaves).

@@ -11,14 +11,21 @@ POST /_emu/faults takes one action at a time:
                                                             503: for the next N probes, for S modelled
                                                             seconds, or (neither given) until "clear"
     {"action": "slow", "factor": F}                        multiply every modelled duration by F
-    {"action": "restart"}                                  GPU and host tiers lost, storage kept,
-                                                            startup_time changes, /health 503 ~1 s modelled
-    {"action": "clear"}                                    remove all armed faults (and the slow factor)
+    {"action": "restart"[, "down_s": S]}                   GPU and host tiers lost, storage kept, in-flight
+                                                            requests aborted, startup_time changes, /health
+                                                            503 ~1 s modelled; with S > 0 the replica is
+                                                            also down for S modelled s, as a killed process:
+                                                            every generation request's connection is reset
+                                                            before any byte and every health probe answers
+                                                            503; then it serves again (empty GPU and host)
+    {"action": "clear"}                                    remove all armed faults (and the slow factor);
+                                                            a replica still down is back at once
 
 Generation handlers call `Faults.take()` once per request; it consumes one count of the first armed
 fault (fail, then hang, then cut_stream) and returns what to do. Connection-level faults act before any
 handler runs (the server's frame middleware): `take_reset()` for a generation request, `probe_fails()`
-for a health probe; a reset therefore comes before any fail/hang/cut_stream armed at the same time.
+for a health probe; a reset therefore comes before any fail/hang/cut_stream armed at the same time. While
+a restart's down time lasts (`down_until`, loop time), both say yes without consuming anything.
 """
 
 from __future__ import annotations
@@ -61,15 +68,18 @@ class Faults:
         self._armed: list[_Armed] = []
         self.slow_factor = 1.0
         self.sickness: Sickness | None = None
+        self.down_until: float | None = None  # loop time until which a restarted replica is down
 
     def arm(self, body: dict[str, object], now: float = 0.0, time_scale: float = 1.0) -> str:
-        """Apply one admin action; returns the action name. Restart is handled by the caller.
-        `now` (loop time) and `time_scale` turn an "unhealthy" fault's modelled seconds into a deadline."""
+        """Apply one admin action; returns the action name. Restart is handled by the caller (this only
+        sets its down time). `now` (loop time) and `time_scale` turn an "unhealthy" fault's or a restart's
+        modelled seconds into a deadline."""
         action = body.get("action")
         if action == "clear":
             self._armed.clear()
             self.slow_factor = 1.0
             self.sickness = None
+            self.down_until = None
         elif action == "slow":
             factor = _number(body, "factor", 1.0)
             if factor <= 0:
@@ -84,7 +94,9 @@ class Faults:
             self._armed.append(_Armed(Fault(str(action), status, after), count))
         elif action == "unhealthy":
             self.sickness = _sickness(body, now, time_scale)
-        elif action != "restart":
+        elif action == "restart":
+            self.down_until = _down_until(body, now, time_scale)
+        else:
             raise FaultError(f"unknown action {action!r}")
         return str(action)
 
@@ -98,12 +110,22 @@ class Faults:
                 return fault
         return None
 
-    def take_reset(self) -> bool:
-        """True if the next generation request's connection must be reset (consumes one count)."""
-        return self._take_kind("reset") is not None
+    def is_down(self, now: float) -> bool:
+        """True while a restart's down time lasts at loop time `now`."""
+        if self.down_until is not None and now >= self.down_until:
+            self.down_until = None
+        return self.down_until is not None
+
+    def take_reset(self, now: float) -> bool:
+        """True if a generation request arriving at loop time `now` must have its connection reset: the
+        replica is down, or an armed reset is left (consumes one count)."""
+        return self.is_down(now) or self._take_kind("reset") is not None
 
     def probe_fails(self, now: float) -> bool:
-        """True if a health probe arriving at loop time `now` must answer 503 (consumes one count)."""
+        """True if a health probe arriving at loop time `now` must answer 503: the replica is down, or an
+        "unhealthy" fault is armed (consumes one count)."""
+        if self.is_down(now):
+            return True
         sick = self.sickness
         if sick is None:
             return False
@@ -135,7 +157,12 @@ class Faults:
             for a in self._armed
         ]
         unhealthy = self.sickness.describe() if self.sickness is not None else None
-        return {"faults": armed, "slow_factor": self.slow_factor, "unhealthy": unhealthy}
+        return {
+            "faults": armed,
+            "slow_factor": self.slow_factor,
+            "unhealthy": unhealthy,
+            "down_until": self.down_until,
+        }
 
 
 def _sickness(body: dict[str, object], now: float, time_scale: float) -> Sickness:
@@ -146,6 +173,13 @@ def _sickness(body: dict[str, object], now: float, time_scale: float) -> Sicknes
     if seconds is not None and seconds <= 0:
         raise FaultError("seconds must be > 0")
     return Sickness(probes, None if seconds is None else now + seconds * time_scale)
+
+
+def _down_until(body: dict[str, object], now: float, time_scale: float) -> float | None:
+    down = _number(body, "down_s", 0.0)
+    if down < 0:
+        raise FaultError("down_s must be >= 0")
+    return now + down * time_scale if down > 0 else None
 
 
 def _number(body: dict[str, object], key: str, default: float) -> float:

@@ -18,7 +18,8 @@ counted the same way (num_aborted_requests_total).
 
 The frame middleware wraps every route: arrival time, the API key, the request log (--emu-debug, see
 request_log.py), the connection-level faults (a reset before any byte on generation routes, failing
-health probes; see fault_hook.py) and SGLang's flat 500 body for unexpected errors.
+health probes, both for every request while a restart's down time lasts; see fault_hook.py) and SGLang's
+flat 500 body for unexpected errors.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ async def _guarded(
     if faults is not None:
         if request.path in _PROBE_PATHS and fault_hook.probe_fails(faults):
             return web.Response(status=503)
-        if request.path in _GENERATION_PATHS and faults.take_reset():
+        if request.path in _GENERATION_PATHS and faults.take_reset(request[ARRIVAL]):
             _finish(entry, "reset")
             await fault_hook.reset(request)
     try:

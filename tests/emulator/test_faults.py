@@ -88,7 +88,7 @@ async def test_slow_multiplies_modelled_time(emulator: StartEmu, http: aiohttp.C
     slow = await _e2e(http, emu)
     assert 2.5 < slow / normal < 6
     listed = await _arm(http, emu, action="clear")
-    assert listed == {"faults": [], "slow_factor": 1.0, "unhealthy": None}
+    assert listed == {"faults": [], "slow_factor": 1.0, "unhealthy": None, "down_until": None}
 
 
 async def test_restart_keeps_storage_only(
@@ -118,6 +118,52 @@ async def test_restart_keeps_storage_only(
         meta = (await resp.json())["meta_info"]
     details = meta["cached_tokens_details"]
     assert details["device"] == 0 and details["host"] == 0 and details["storage"] >= 256
+
+
+async def _generate(http: aiohttp.ClientSession, emu: Emu, body: bytes) -> int:
+    """Its cached tokens; a reset connection raises aiohttp.ClientConnectionError."""
+    async with http.post(f"{emu.url}/generate", data=body) as resp:
+        assert resp.status == 200
+        return int((await resp.json())["meta_info"]["cached_tokens"])
+
+
+async def test_restart_with_down_time_is_a_killed_process_then_an_empty_one(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    emu = await emulator(*FAULTS, "--emu-debug")  # time scale 0.01: 40 modelled s = 0.4 s
+    body = orjson.dumps({"input_ids": list(range(1000, 1600)), "sampling_params": {"max_new_tokens": 1}})
+    assert await _generate(http, emu, body) == 0
+    assert await _generate(http, emu, body) >= 512  # cached before the restart
+    start = time.monotonic()
+    listed = await _arm(http, emu, action="restart", down_s=40)
+    assert listed["down_until"] is not None
+    with pytest.raises(aiohttp.ClientConnectionError):  # no status line: the connection is reset
+        await _generate(http, emu, body)
+    assert [await _probe(http, emu, p) for p in ("/health", "/ready", "/health_generate")] == [503] * 3
+    assert time.monotonic() - start < 0.4, "the checks above must run inside the down time"
+    while await _probe(http, emu) != 200:
+        assert time.monotonic() - start < 5.0, "still down"
+        await asyncio.sleep(0.02)
+    assert time.monotonic() - start >= 0.4 * 0.95
+    assert await _generate(http, emu, body) == 0  # back with an empty cache
+    assert (await _arm(http, emu, action="clear"))["down_until"] is None
+    log = await emu.requests("/generate")
+    assert [e["outcome"] for e in log] == ["answered", "answered", "reset", "answered"]
+
+
+async def test_restart_down_time_ends_on_clear_and_must_not_be_negative(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    emu = await emulator(*FAULTS)
+    await _arm(http, emu, action="restart", down_s=10_000)
+    assert await _probe(http, emu, "/ready") == 503
+    await _arm(http, emu, action="clear")
+    await _until(emu.replica.healthy)
+    assert await _probe(http, emu, "/ready") == 200
+    async with http.post(f"{emu.url}/v1/chat/completions", json=CHAT) as resp:
+        assert resp.status == 200
+    async with http.post(f"{emu.url}/_emu/faults", json={"action": "restart", "down_s": -1}) as resp:
+        assert resp.status == 400
 
 
 async def test_disconnect_aborts_in_engine(emulator: StartEmu, http: aiohttp.ClientSession) -> None:

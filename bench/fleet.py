@@ -11,7 +11,8 @@ endpoints (`--emu-debug`: /_emu/state, /_emu/predict, the `x-emu-replica` header
 capped with `--max-total-tokens` so that workloads whose working set exceeds the fleet's GPU pools stay
 small enough to replay in seconds; the host pool is ratio x GPU, as in SGLang. Optionally (exact mode)
 every replica tokenizes with a real tokenizer directory (`FleetSpec.tokenizer`) and publishes KV events
-in a chosen encoding (`FleetSpec.kv_events`) to consecutive loopback ports (`kv_endpoints`).
+in a chosen encoding (`FleetSpec.kv_events`) to consecutive loopback ports (`kv_endpoints`), and for a
+workload with outages the fault admin endpoint is on (`FleetSpec.faults`: --emu-enable-faults).
 
 `replica_counters` reads each replica's counters from /_emu/state (requests served, tokens loaded back
 from host and storage): the ground truth of per-replica load for every system, including the ones that
@@ -74,6 +75,7 @@ class FleetSpec:
         None  # a tokenizer directory: every replica tokenizes with it (--emu-tokenizer hf)
     )
     kv_events: str | None = None  # a KV-event encoding ("0.5.10" | "0.5.23"): every replica publishes
+    faults: bool = False  # --emu-enable-faults (a workload with outages: bench/outages.py)
 
     @classmethod
     def default(
@@ -93,7 +95,8 @@ class FleetSpec:
     def args(self, seed: int, kv_port: int | None = None) -> list[str]:
         """The launch flags; with `kv_events`, replica i's PUB connects to 127.0.0.1:(kv_port + i), the
         subscriber binds (kv_port: a free run of `replicas` ports picked now unless given)."""
-        return [*self._base_args(seed), *self._tokenizer_args(), *self._kv_events_args(kv_port)]
+        faults = ["--emu-enable-faults"] if self.faults else []
+        return [*self._base_args(seed), *self._tokenizer_args(), *self._kv_events_args(kv_port), *faults]
 
     def _tokenizer_args(self) -> list[str]:
         if self.tokenizer is None:
@@ -128,7 +131,8 @@ class FleetSpec:
         ]  # fmt: skip
 
     def meta(self) -> dict[str, object]:
-        extra = {k: v for k, v in (("tokenizer", self.tokenizer), ("kv_events", self.kv_events)) if v}
+        named = (("tokenizer", self.tokenizer), ("kv_events", self.kv_events), ("faults", self.faults))
+        extra = {k: v for k, v in named if v}
         return extra | {
             "profile": self.profile,
             "replicas": self.replicas,

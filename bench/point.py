@@ -2,7 +2,9 @@
 
 For a seed: build the workload, rescale it to the point's offered load (bench/load.py; open-loop
 workloads only), compute its floor, then for each system start a fresh emulated fleet on the point's
-profile, start the system, replay, read the replicas' counters before and after, stop both. The
+profile (with --emu-enable-faults only when the workload has outages), start the system, replay (the
+outages hit the fleet's replicas during it, bench/outages.py), read the replicas' counters before and
+after, stop both. The
 per-replica prefill seconds come from the records and the counters (bench.fleet.replica_work).
 
 A run during which other processes on the machine used more than FOREIGN_LIMIT cores on average
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import floor, load, plots, report, systems, workloads
+from bench import floor, load, outages, plots, report, systems, workloads
 from bench.cpu import CpuMeter
 from bench.fleet import EmulatorFleet, FleetSpec, replica_counters, replica_work
 from bench.plan import TIME_SCALE_FACTOR, Point
@@ -75,7 +77,7 @@ def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
     fleet = replace(run.fleet, profile=point.profile)
     wl = workloads.build(name, seed, fleet.shape, run.quick)
     own = wl.time_scale * TIME_SCALE_FACTOR.get(point.profile, 1.0)
-    fleet = replace(fleet, time_scale=run.time_scale or own)
+    fleet = replace(fleet, time_scale=run.time_scale or own, faults=bool(wl.outages))
     ideal = floor.floor(wl, fleet.page_size, point.profile)
     if point.load is not None:
         wl, offered = load.at_load(wl, ideal, point.load, fleet.replicas)
@@ -99,12 +101,13 @@ async def model_error_ratio(gateway: str) -> float:
     return errors / prompt if prompt else float("nan")
 
 
-async def _replay(prep: Prepared, urls: list[str], progress: Progress) -> list[Record]:
-    """Replay through one proxy URL, or rotate over the replicas' URLs (client-side round robin)."""
+async def _replay(prep: Prepared, urls: list[str], progress: Progress, replicas: list[str]) -> list[Record]:
+    """Replay through one proxy URL, or rotate over the replicas' URLs (client-side round robin); the
+    workload's outages hit `replicas` (the fleet's URLs) whatever the system."""
     model = await served_model(urls[0])
-    return await replay(
-        prep.workload, rotating(urls), prep.fleet.time_scale, prep.deadline_s, progress, model
-    )
+    scale = prep.fleet.time_scale
+    during = outages.injector(prep.workload, replicas, scale)
+    return await replay(prep.workload, rotating(urls), scale, prep.deadline_s, progress, model, during=during)
 
 
 async def run_system(prep: Prepared, system: systems.System, seed: int, logs: Path) -> RunResult:
@@ -134,11 +137,11 @@ async def _measure(prep: Prepared, system: systems.System, seed: int, logs: Path
         try:
             if system.proxied:
                 async with systems.system_process(system, fleet.urls, logs / f"{system.name}.log") as proc:
-                    records = await _replay(prep, [proc.urls[0]], progress)
+                    records = await _replay(prep, [proc.urls[0]], progress, fleet.urls)
                     if system.name.startswith("kvroute-"):
                         model_error = await model_error_ratio(proc.urls[0])
             else:
-                records = await _replay(prep, fleet.urls, progress)
+                records = await _replay(prep, fleet.urls, progress, fleet.urls)
         except NotReady as exc:
             progress.close(f"skipped: {exc}"[:300])
             return RunResult(None, {}, {}, str(exc)[:300])
@@ -175,6 +178,7 @@ def meta(run: RunSettings, prep: Prepared, point: Point, seeds: Sequence[int]) -
         "seeds": list(seeds),
         "quick": run.quick,
         "requests": len(prep.workload.requests),
+        **({"outages": outages.describe(prep.workload)} if prep.workload.outages else {}),
         "command": run.command,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

@@ -14,6 +14,9 @@ omission). `send_ttft_s` runs from when it was sent and `wait_s` = sent - due. T
 *modelled* seconds (wall seconds / time scale) so they read like the seeds' figures; the runner's own
 CPU time is included in that, divided by the same scale.
 
+A workload's timed fleet events (its outages, bench/outages.py) run alongside as a task (`during`),
+timed from the same start, and are cancelled when the replay ends.
+
 The serving replica comes from the emulator's `x-emu-replica` header (relayed by a proxy), else
 kvroute's `x-kvroute-replica`, else the URL the request was sent to.
 """
@@ -21,8 +24,9 @@ kvroute's `x-kvroute-replica`, else the URL the request was sent to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +39,8 @@ from bench.workloads import TimedRequest, Workload
 Chooser = Callable[[TimedRequest], str]
 # awaited before a request is sent: (client session, request, body as sent, whether sessions are sticky)
 Before = Callable[[aiohttp.ClientSession, TimedRequest, bytes, bool], Awaitable[None]]
+# run alongside the replay (bench/outages.py): (client session, t0 = the replay's start, perf_counter s)
+During = Callable[[aiohttp.ClientSession, float], Coroutine[Any, Any, None]]
 CLIENT_CAP = 1024
 
 
@@ -186,7 +192,10 @@ def _failed(req: TimedRequest, error: str, due_s: float = 0.0) -> Record:
 
 class Replay:
     """One replay of a workload against a chooser of base URLs; `before(session, req, body, headers)`,
-    when given, is awaited just before each request is sent (bench.gateway_pool's route previews)."""
+    when given, is awaited just before each request is sent (bench.gateway_pool's route previews);
+    `during(session, t0)`, when given, runs as a task from the start (t0) until it returns or the replay
+    ends, when it is cancelled (bench/outages.py's timed faults); an error it raised is raised at the
+    end."""
 
     def __init__(
         self,
@@ -198,8 +207,10 @@ class Replay:
         model: str | None,
         cap: int = CLIENT_CAP,
         before: Before | None = None,
+        during: During | None = None,
     ) -> None:
         self._w = workload
+        self._during = during
         self._model = model
         self._choose = choose
         self._before = before
@@ -217,6 +228,17 @@ class Replay:
 
     async def run(self, session: aiohttp.ClientSession) -> list[Record]:
         self._t0 = time.perf_counter()
+        side = asyncio.create_task(self._during(session, self._t0)) if self._during else None
+        try:
+            await self._requests(session)
+        finally:
+            if side is not None:
+                side.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await side  # an error it raised (not its cancellation) propagates
+        return [self._records.get(r.index) or _failed(r, "deadline", r.arrival_s) for r in self._w.requests]
+
+    async def _requests(self, session: aiohttp.ClientSession) -> None:
         for r in self._w.requests:
             if r.after is None:
                 self._spawn(session, r, r.arrival_s * self._scale)
@@ -226,7 +248,6 @@ class Replay:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        return [self._records.get(r.index) or _failed(r, "deadline", r.arrival_s) for r in self._w.requests]
 
     def _spawn(self, session: aiohttp.ClientSession, req: TimedRequest, at: float) -> None:
         task = asyncio.create_task(self._one(session, req, at))
@@ -265,12 +286,14 @@ async def replay(
     request_timeout_s: float = 600.0,
     cap: int = CLIENT_CAP,
     before: Before | None = None,
+    during: During | None = None,
 ) -> list[Record]:
     """Replay `workload`; `choose(req)` gives the base URL (a proxy's, or a replica's for client-side RR)."""
     timeout = aiohttp.ClientTimeout(total=request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        return await Replay(workload, choose, scale, deadline_s, progress, model, cap, before).run(session)
+        run = Replay(workload, choose, scale, deadline_s, progress, model, cap, before, during)
+        return await run.run(session)
 
 
 def rotating(urls: Sequence[str]) -> Chooser:

@@ -1,5 +1,5 @@
-"""What every workload generator builds on: the fleet shape, the request and workload types, the
-request builder and the output lengths.
+"""What every workload generator builds on: the fleet shape, the request, outage and workload types,
+the request builder and the output lengths.
 
 A `Workload` is a tuple of `TimedRequest`s (times in *modelled* seconds) plus how to replay it; see
 bench/workloads.py for the generators and what open and closed loop mean.
@@ -52,6 +52,19 @@ class TimedRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Outage:
+    """A timed fleet event: the replica at index `replica` of the fleet's URLs is killed at `at_frac` of
+    the workload's arrival span after its first arrival, and comes back `down_s` modelled seconds later
+    with an empty GPU and host cache, storage kept (the emulator's restart fault with `down_s`; injected
+    by bench/outages.py). A fraction of the span, so it moves with bench.load's rescaling of the
+    arrivals; the down time is not rescaled."""
+
+    at_frac: float
+    replica: int
+    down_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     name: str
     description: str
@@ -59,6 +72,7 @@ class Workload:
     sessions: bool = False  # send `x-session-id` (real multi-turn sessions only)
     time_scale: float = 0.2  # default wall seconds per modelled second (keeps the fleet's CPU load modest)
     sweep: bool = False  # open loop: arrivals can be rescaled to an offered load (bench.load)
+    outages: tuple[Outage, ...] = ()  # replicas killed and brought back during the replay
 
     @property
     def prompt_tokens(self) -> int:

@@ -7,6 +7,7 @@ import io
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import orjson
 import pytest
 from aiohttp import web
@@ -111,3 +112,34 @@ async def test_ttft_counts_from_the_scheduled_arrival_when_the_client_delays_a_r
     assert all(
         r.ttft_s == pytest.approx(r.sent_s - r.due_s + (r.send_ttft_s or 0)) for r in (first, second, third)
     )
+
+
+async def test_a_task_during_the_replay_starts_at_t0_and_is_cancelled_at_its_end(
+    server: tuple[str, list[dict[str, object]]],
+) -> None:
+    """`during` starts with the replay (its t0 is the one the requests' due times count from) and a task
+    still running when the last request is done is cancelled and awaited; one that failed fails the
+    replay at its end, after every request was recorded."""
+    url, _ = server
+    wl = Workload("w", "", (req(0), req(1, arrival=1.0)))
+    started: list[float] = []
+    cancelled = asyncio.Event()
+
+    async def forever(_session: aiohttp.ClientSession, t0: float) -> None:
+        started.append(t0)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    before = time.perf_counter()
+    records = await replay(wl, rotating([url]), 0.1, 10.0, _progress(2), during=forever)
+    assert all(r.ok for r in records) and cancelled.is_set()
+    assert before <= started[0] <= before + 0.05
+
+    async def broken(_session: aiohttp.ClientSession, _t0: float) -> None:
+        raise RuntimeError("fault endpoint missing")
+
+    with pytest.raises(RuntimeError, match="fault endpoint missing"):
+        await replay(wl, rotating([url]), 0.1, 10.0, _progress(2), during=broken)

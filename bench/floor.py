@@ -10,12 +10,17 @@ router must still have done: `bench.load` divides their sum by the fleet's capac
 load.
 
 The prompt is rendered and tokenized exactly as the emulator does (`bench.oracle`'s tokenizer), and a
-page counts once all of its tokens match (the emulator's radix tree matches whole pages).
+page counts once all of its tokens match (the emulator's radix tree matches whole pages) within the
+request's cache namespace: its `cache_salt` + `extra_key`, as the emulator keys its radix tree
+(rag_tenants: one document under two salts is two prefixes). Timed fleet events are ignored: on
+rag_restart the floor is rag's, as if no replica had lost its cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import Workload
@@ -35,6 +40,14 @@ class FloorRequest:
     cold_s: float  # prefill seconds with nothing cached: a*n + b*n^2/2
 
 
+def namespace(body: Mapping[str, Any]) -> int:
+    """Where a request's page chain starts: 0 without a cache namespace, else its hash (emulator:
+    `cache_salt` then `extra_key`, concatenated, is the radix tree's root)."""
+    parts = [body.get(k) for k in ("cache_salt", "extra_key")]
+    key = "".join(p for p in parts if isinstance(p, str))
+    return hash(("namespace", key)) if any(isinstance(p, str) for p in parts) else 0
+
+
 def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) -> list[FloorRequest]:
     """Each request's ideal TTFT (modelled seconds), cached tokens and prefill work, in workload order."""
     timing = ProfileTiming(PROFILES[profile])
@@ -43,7 +56,7 @@ def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) ->
     out = []
     for req in sorted(workload.requests, key=lambda r: r.index):
         ids = token_ids(tokenizer, req.path, dict(req.body)) or []
-        pages, chain = [], 0
+        pages, chain = [], namespace(req.body)
         for i in range(0, len(ids) - page_size + 1, page_size):
             chain = hash((chain, tuple(ids[i : i + page_size])))  # a page's key is its whole prefix
             pages.append(chain)

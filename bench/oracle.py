@@ -105,11 +105,16 @@ STATE = web.AppKey("state", OracleState)
 
 
 def predict_payload(tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, body: dict[str, Any]) -> bytes:
-    """The /_emu/predict body: pre-tokenized native input_ids when possible, else the request as is."""
+    """The /_emu/predict body: pre-tokenized native input_ids when possible, else the request as is. A
+    cache namespace (`cache_salt` + `extra_key`, which the emulator concatenates) goes as the native
+    request's `extra_key`: the same radix root, still without N tokenizations."""
     ids = token_ids(tokenizer, path, body)
-    if ids is None or "cache_salt" in body or "extra_key" in body:
-        return orjson.dumps({"path": path, "body": body})
-    native = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+    parts = [body.get("cache_salt"), body.get("extra_key")]
+    if ids is None or any(p is not None and not isinstance(p, str) for p in parts):
+        return orjson.dumps({"path": path, "body": body})  # the emulator answers what it makes of it
+    native: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
+    if any(isinstance(p, str) for p in parts):
+        native["extra_key"] = "".join(p for p in parts if isinstance(p, str))
     return orjson.dumps({"path": "/generate", "body": native})
 
 

@@ -1,19 +1,29 @@
 """The RAG workloads: questions about tens of ~6K-token documents (bench/workloads.py registers them).
 
 `rag` puts the document in the system message, `rag_user` in the user message before the question;
-both ask the same questions about the same documents at the same times for a seed.
+both ask the same questions about the same documents at the same times for a seed. Two variants of
+`rag` (the same documents, questions and arrivals):
+
+- `rag_restart`: replica 0 is killed at 40% of the arrival span and comes back 10 modelled seconds
+  later with an empty GPU and host cache (`RESTART`, an `Outage`; the replay injects it);
+- `rag_tenants`: each request belongs to one of two tenants (50/50, from a generator of its own seeded
+  by the seed, so the arrivals stay rag's) and carries its `cache_salt`, a cache namespace in SGLang:
+  one document asked by both tenants is two prefixes. Tags count a first question per (tenant, doc).
 """
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Any
 
 from bench.text import WordSource, estimate_tokens
-from bench.workload_types import Builder, FleetShape, TimedRequest, Workload, chat, output_tokens
+from bench.workload_types import Builder, FleetShape, Outage, TimedRequest, Workload, chat, output_tokens
 
 RAG_DOC_TOKENS = 6_000
 RAG_INSTRUCTION = "Answer the question from the document."
+RESTART = Outage(at_frac=0.4, replica=0, down_s=10.0)
+TENANTS = ("tenant-a", "tenant-b")
 
 
 def _zipf_weights(n: int, s: float) -> list[float]:
@@ -51,7 +61,12 @@ def rag_documents(seed: int, shape: FleetShape) -> list[str]:
 
 
 def _rag(
-    seed: int, shape: FleetShape, quick: bool, layout: str, count: int | None = None
+    seed: int,
+    shape: FleetShape,
+    quick: bool,
+    layout: str,
+    count: int | None = None,
+    tenants: random.Random | None = None,
 ) -> tuple[TimedRequest, ...]:
     """Questions about tens of ~6K-token documents with Zipf(0.9) popularity, arriving at a steady
     rate from the start (while documents are first seen); the documents together are 1.6x the fleet's
@@ -68,10 +83,13 @@ def _rag(
         t += rng.expovariate(rate)
         d = rng.choices(range(ndocs), weights)[0]
         question = "Question: " + words.sentences(rng.randint(20, 80))
-        body = chat(rag_messages(layout, docs[d], question), output_tokens(rng))
+        salt = {} if tenants is None else {"cache_salt": tenants.choice(TENANTS)}
+        body = chat(rag_messages(layout, docs[d], question), output_tokens(rng), **salt)
         tokens = doc_tokens + estimate_tokens(question) + 24
-        out.add(t, f"rag-{i}", body, tokens, "repeat" if d in seen else "first")
-        seen.add(d)
+        key = (salt.get("cache_salt"), d)
+        session = "-".join(["rag", *salt.values(), str(i)])
+        out.add(t, session, body, tokens, "repeat" if key in seen else "first")
+        seen.add(key)
     return tuple(out.items)
 
 
@@ -86,3 +104,18 @@ def rag_user(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
     and arrivals as `rag` for a seed)."""
     reqs = _rag(seed, shape, quick, "user")
     return Workload("rag_user", f"{rag_user.__doc__} {_rag.__doc__}", reqs, sweep=True)
+
+
+def rag_restart(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
+    """`rag` (the same requests) while replica 0 is killed at 40% of the arrival span and comes back 10
+    modelled seconds later with an empty GPU and host cache."""
+    reqs = _rag(seed, shape, quick, "system")
+    desc = f"{rag_restart.__doc__} {_rag.__doc__}"
+    return Workload("rag_restart", desc, reqs, sweep=True, outages=(RESTART,))
+
+
+def rag_tenants(seed: int, shape: FleetShape, quick: bool = False) -> Workload:
+    """`rag` asked by two tenants, each request's chosen at random (50/50) and sent as its `cache_salt`
+    (the same document under two salts is two prefixes); sessions name the tenant."""
+    reqs = _rag(seed, shape, quick, "system", tenants=random.Random(f"{seed}:tenants"))
+    return Workload("rag_tenants", f"{rag_tenants.__doc__} {_rag.__doc__}", reqs, sweep=True)

@@ -35,6 +35,8 @@ EXTRA_COLUMNS: dict[str, tuple[str, ...]] = {
     "mixed": ("short", "long"),
     "rag": ("first", "repeat"),
     "rag_user": ("first", "repeat"),
+    "rag_restart": ("first", "repeat"),
+    "rag_tenants": ("first", "repeat"),
 }
 
 

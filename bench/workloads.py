@@ -2,13 +2,15 @@
 
 Each generator is a pure function of (seed, fleet shape, quick) and returns a `Workload`: a tuple of
 `TimedRequest`s (the types: bench/workload_types.py; the RAG generators: bench/rag_workloads.py; both
-re-exported here, with every generator registered in `GENERATORS`). Times are *modelled* seconds (the runner multiplies them by the time scale). A request
-either arrives at `arrival_s` (open loop) or, when `after` is set, `think_s` after the request it follows
-has completed (closed loop within an agent session or a sequential probe).
+re-exported here, every generator registered in `GENERATORS`). Times are *modelled* seconds (the
+runner multiplies them by the time scale). A request either arrives at `arrival_s` (open loop) or, when
+`after` is set, `think_s` after the request it follows has completed (closed loop within an agent
+session or a sequential probe). A workload may also carry `outages` (rag_restart): replicas killed and
+brought back at a fraction of its arrival span (bench/outages.py).
 
-Open-loop workloads (`Workload.sweep`: rag, rag_user, mixed, hot, noreuse) are generated at a nominal
-rate and then rescaled to an offered load by `bench.load.at_load`; the closed-loop ones (agent, probe)
-run at their own pace.
+Open-loop workloads (`Workload.sweep`: rag, rag_user, rag_restart, rag_tenants, mixed, hot, noreuse)
+are generated at a nominal rate and then rescaled to an offered load by `bench.load.at_load`; the
+closed-loop ones (agent, probe) run at their own pace.
 
 Sizes follow the fleet: every workload's working set exceeds the fleet's GPU pools (sum over replicas)
 but fits GPU + host, so placement decides whether a repeat is a GPU hit, a host reload or a cold
@@ -29,18 +31,40 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from bench.rag_workloads import RAG_DOC_TOKENS as RAG_DOC_TOKENS
-from bench.rag_workloads import RAG_INSTRUCTION as RAG_INSTRUCTION
-from bench.rag_workloads import rag, rag_user
-from bench.rag_workloads import rag_documents as rag_documents
-from bench.rag_workloads import rag_messages as rag_messages
+from bench.rag_workloads import (
+    RAG_DOC_TOKENS,
+    RAG_INSTRUCTION,
+    TENANTS,
+    rag,
+    rag_documents,
+    rag_messages,
+    rag_restart,
+    rag_tenants,
+    rag_user,
+)
 from bench.text import WordSource, estimate_tokens
-from bench.workload_types import CHAT as CHAT
-from bench.workload_types import COMPLETIONS as COMPLETIONS
-from bench.workload_types import MODEL, Builder, FleetShape, Workload, chat, output_tokens, tokens_of
-from bench.workload_types import OUTPUT_MAX as OUTPUT_MAX
-from bench.workload_types import OUTPUT_MIN as OUTPUT_MIN
-from bench.workload_types import TimedRequest as TimedRequest
+from bench.workload_types import (
+    CHAT,
+    COMPLETIONS,
+    MODEL,
+    OUTPUT_MAX,
+    OUTPUT_MIN,
+    Builder,
+    FleetShape,
+    Outage,
+    TimedRequest,
+    Workload,
+    chat,
+    output_tokens,
+    tokens_of,
+)
+
+__all__ = [
+    "AGENT_REPLY_TOKENS", "CHAT", "COMPLETIONS", "GENERATORS", "MODEL", "OUTPUT_MAX", "OUTPUT_MIN",
+    "RAG_DOC_TOKENS", "RAG_INSTRUCTION", "TENANTS", "FleetShape", "Outage", "TimedRequest", "Workload",
+    "agent", "build", "hot", "mixed", "noreuse", "output_tokens", "probe", "rag", "rag_documents",
+    "rag_messages", "rag_restart", "rag_tenants", "rag_user",
+]  # fmt: skip
 
 AGENT_REPLY_TOKENS = 48
 
@@ -199,6 +223,8 @@ GENERATORS: dict[str, Callable[[int, FleetShape, bool], Workload]] = {
     "agent": agent,
     "rag": rag,
     "rag_user": rag_user,
+    "rag_restart": rag_restart,
+    "rag_tenants": rag_tenants,
     "probe": probe,
     "noreuse": noreuse,
     "hot": hot,

@@ -8,7 +8,7 @@ import pytest
 from bench import report
 from bench.floor import FloorRequest, floor
 from bench.oracle import SegmentTokenizer, token_ids
-from bench.workloads import FleetShape, probe
+from bench.workloads import FleetShape, probe, rag, rag_tenants
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 
 SHAPE = FleetShape(replicas=2, gpu_tokens=6000, host_tokens=12000)
@@ -49,3 +49,19 @@ def test_report_row_and_ratio_against_the_floor() -> None:
     assert "0.50x the best other non-oracle (client-rr 4.00 s)" in line  # the floor is not a system
     assert "mean TTFT 2.00x the floor (1.00 s; the best other non-oracle is 4.00x)" in line
     assert "cache model error 3.4% of prompt tokens" in line
+
+
+def test_floor_keeps_each_cache_salt_a_namespace_of_its_own() -> None:
+    """rag_tenants: a document first asked by one tenant is a cold prefill for the other (its salt is
+    another radix root, as in the emulator), so every "first" is cold and every "repeat" a hit; rag's
+    floor, without salts, reuses more."""
+    shape = FleetShape(replicas=4, gpu_tokens=12_000, host_tokens=24_000)
+    wl = rag_tenants(2, shape, quick=True)
+    ideal = floor(wl, page_size=16)
+    for req, f in zip(wl.requests, ideal, strict=True):
+        if req.tag == "first":
+            assert f.cached_tokens <= 16, req.index  # at most the salt's shared instruction page
+        else:
+            assert f.cached_tokens >= 0.9 * f.prompt_tokens, req.index  # the whole document
+    plain = floor(rag(2, shape, quick=True), page_size=16)
+    assert sum(f.cached_tokens for f in ideal) < sum(f.cached_tokens for f in plain)

@@ -9,6 +9,7 @@ wall-clock noise of a shared 2-core machine.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -61,16 +62,20 @@ async def test_oracle_is_never_worse_on_resent_documents(tmp_path: Path) -> None
 
 @pytest.mark.timeout(60)
 async def test_oracle_pre_tokenized_predictions_equal_the_emulators_own(tmp_path: Path) -> None:
-    """The oracle predicts with input_ids it tokenized itself; the emulator must see the same prompt."""
+    """The oracle predicts with input_ids it tokenized itself; the emulator must see the same prompt, in
+    the same cache namespace (a turn sent unsalted and under tenant-b's salt is cached for those two,
+    not under tenant-a's)."""
     spec = FleetSpec(replicas=1, gpu_tokens=48_000, time_scale=0.02)
     wl = workloads.build("agent", 1, spec.shape, quick=True)
     turn = next(r for r in wl.requests if r.after is not None)
     prompt = {"model": "m", "prompt": "Hello there.\nGeneral Kenobi.", "max_tokens": 2}
-    reqs = [turn, TimedRequest(99, 0.0, "s", COMPLETIONS, prompt, 10, "t")]
+    salted = [replace(turn, body={**turn.body, "cache_salt": salt}) for salt in ("tenant-a", "tenant-b")]
+    reqs = [turn, TimedRequest(99, 0.0, "s", COMPLETIONS, prompt, 10, "t"), *salted]
     async with EmulatorFleet(1, spec.args(1), tmp_path / "emu.log") as fleet:
         url = fleet.urls[0]
         async with aiohttp.ClientSession() as session:
             await send_one(session, url, reqs[0], 0.02, 0.0)
+            await send_one(session, url, salted[1], 0.02, 0.0)
             for req in reqs:
                 answers = []
                 for payload in (orjson.dumps({"path": req.path, "body": req.body}),
@@ -79,4 +84,4 @@ async def test_oracle_pre_tokenized_predictions_equal_the_emulators_own(tmp_path
                         answers.append(await resp.json())
                 assert "error" not in answers[0] and answers[0]["prompt_tokens"] > 0
                 assert answers[0] == answers[1]
-                assert req.path != CHAT or answers[0]["gpu_tokens"] > 0
+                assert req.path != CHAT or (answers[0]["gpu_tokens"] > 0) == (req is not salted[0])

@@ -7,7 +7,7 @@ import re
 import orjson
 import pytest
 
-from bench import workloads
+from bench import floor, load, outages, workloads
 from bench.oracle import SegmentTokenizer
 from bench.text import WordSource, estimate_tokens
 from bench.workloads import CHAT, FleetShape, Workload
@@ -148,3 +148,47 @@ def test_output_lengths_are_log_uniform_in_range_and_seeded(name: str) -> None:
 
 def test_the_probe_keeps_its_short_outputs() -> None:
     assert set(_max_tokens(workloads.probe(1, SHAPE))) == {8}
+
+
+def test_rag_tenants_asks_rag_questions_under_two_salts() -> None:
+    """rag's documents, questions and arrivals; each request one tenant's (both present, about half
+    each) with its cache_salt and its session naming it; a first question counts per (tenant, doc)."""
+    plain, salted = workloads.rag(5, SHAPE, quick=True), workloads.rag_tenants(5, SHAPE, quick=True)
+    assert salted.sweep and not salted.outages
+    assert [r.arrival_s for r in salted.requests] == [r.arrival_s for r in plain.requests]
+    salts = [r.body["cache_salt"] for r in salted.requests]
+    assert set(salts) == set(workloads.TENANTS) == {"tenant-a", "tenant-b"}
+    assert 0.3 < salts.count("tenant-a") / len(salts) < 0.7
+    seen: set[tuple[str, str]] = set()
+    for a, b, salt in zip(plain.requests, salted.requests, salts, strict=True):
+        assert {k: v for k, v in b.body.items() if k != "cache_salt"} == a.body
+        assert b.session == f"rag-{salt}-{a.index}" and b.expected_prompt_tokens == a.expected_prompt_tokens
+        key = (salt, b.body["messages"][0]["content"])
+        assert b.tag == ("repeat" if key in seen else "first")
+        seen.add(key)
+    firsts = [r.tag for r in salted.requests].count("first")
+    assert firsts > [r.tag for r in plain.requests].count("first")  # a document is new to each tenant
+
+
+def test_rag_restart_is_rag_with_an_outage_that_follows_the_load_rescaling() -> None:
+    """The same requests as rag, and one outage: replica 0, at 40% of the arrival span, down 10 modelled
+    seconds. bench.load.at_load rescales the arrivals, so the outage's time moves with them (a fraction
+    of the span from the first arrival) while its down time stays in modelled seconds."""
+    plain, wl = workloads.rag(6, SHAPE, quick=True), workloads.rag_restart(6, SHAPE, quick=True)
+    assert wl.requests == plain.requests and wl.sweep
+    assert wl.outages == (workloads.Outage(at_frac=0.4, replica=0, down_s=10.0),)
+    ideal = floor.floor(wl, 16)
+    for target in (0.3, 0.9):
+        scaled, offered = load.at_load(wl, ideal, target, SHAPE.replicas)
+        assert scaled.outages == wl.outages
+        times = [r.arrival_s for r in scaled.requests]
+        assert offered.span_s == pytest.approx(max(times) - min(times))
+        ((at, outage),) = outages.schedule(scaled)
+        assert at == pytest.approx(min(times) + 0.4 * (max(times) - min(times)))
+        assert outage.down_s == 10.0
+    assert outages.describe(wl) == [
+        {"at_s": round(outages.schedule(wl)[0][0], 3), "replica": 0, "down_s": 10.0}
+    ]
+    assert outages.schedule(plain) == [] and outages.injector(plain, ["u"], 0.2) is None
+    with pytest.raises(ValueError, match="replica 0"):
+        outages.injector(wl, [], 0.2)

@@ -6,13 +6,17 @@ seeds whose mean it reports. The default plan (`make bench`, issue 10):
 
     profile     load                 seeds    workloads
     rtx3090x2   0.6                  1, 2, 3  rag, rag_user, mixed, hot, noreuse
-    rtx3090x2   0.3, 0.9             1        the same
+    rtx3090x2   0.6                  1        rag_restart, rag_tenants
+    rtx3090x2   0.3, 0.9             1        rag, rag_user, mixed, hot, noreuse
     h200        0.6                  1        the same
     rtx3090x2   own pace             1        agent, probe
 
-with the seven SWEEP_SYSTEMS. `--matrix` is the old `kvroute bench all`: every workload with every
-system, on the seeds' profile at load 0.6 and one seed. Naming workloads, loads, profiles or seeds on the
-command line builds a custom plan instead (`custom`). Results go to OUT/<profile>/<load-dir>/<workload>/
+with the seven SWEEP_SYSTEMS. The rag variants (VARIANT_WORKLOADS: rag with a replica restart, rag with
+two tenants' cache salts) are open loop like the SWEEP_WORKLOADS but run at the default point only, for
+the bench's time budget. `--matrix` is the old `kvroute bench all`: every workload with every system,
+on the seeds' profile at load 0.6 and one seed. Naming workloads, loads, profiles or seeds on the
+command line builds a custom plan instead (`custom`), where every open-loop workload (OPEN_LOOP) goes
+to every named load. Results go to OUT/<profile>/<load-dir>/<workload>/
 (`Point.directory`).
 """
 
@@ -27,6 +31,8 @@ from emulator.timing import PROFILES as TIMING_PROFILES
 PROFILES = tuple(TIMING_PROFILES)
 
 SWEEP_WORKLOADS = ("rag", "rag_user", "mixed", "hot", "noreuse")
+VARIANT_WORKLOADS = ("rag_restart", "rag_tenants")  # open loop, at the default point only
+OPEN_LOOP = (*SWEEP_WORKLOADS, *VARIANT_WORKLOADS)
 OWN_PACE_WORKLOADS = ("agent", "probe")
 SWEEP_SYSTEMS = (
     "kvroute-cost",
@@ -66,6 +72,7 @@ class Point:
 def default_plan() -> tuple[Point, ...]:
     return (
         Point(DEFAULT_PROFILE, DEFAULT_LOAD, (1, 2, 3), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, DEFAULT_LOAD, (1,), VARIANT_WORKLOADS),
         Point(DEFAULT_PROFILE, 0.3, (1,), SWEEP_WORKLOADS),
         Point(DEFAULT_PROFILE, 0.9, (1,), SWEEP_WORKLOADS),
         Point(DATACENTER_PROFILE, DEFAULT_LOAD, (1,), SWEEP_WORKLOADS),
@@ -75,7 +82,7 @@ def default_plan() -> tuple[Point, ...]:
 
 def matrix_plan(seed: int = 1) -> tuple[Point, ...]:
     return (
-        Point(DEFAULT_PROFILE, DEFAULT_LOAD, (seed,), SWEEP_WORKLOADS),
+        Point(DEFAULT_PROFILE, DEFAULT_LOAD, (seed,), OPEN_LOOP),
         Point(DEFAULT_PROFILE, None, (seed,), OWN_PACE_WORKLOADS),
     )
 
@@ -83,9 +90,9 @@ def matrix_plan(seed: int = 1) -> tuple[Point, ...]:
 def custom(
     workloads: Sequence[str], loads: Sequence[float], profiles: Sequence[str], seeds: Sequence[int]
 ) -> tuple[Point, ...]:
-    """Every named sweep workload at every (profile, load); the named own-pace ones once per profile."""
-    sweep = tuple(w for w in workloads if w in SWEEP_WORKLOADS)
-    own = tuple(w for w in workloads if w not in SWEEP_WORKLOADS)
+    """Every named open-loop workload at every (profile, load); the named own-pace ones once per profile."""
+    sweep = tuple(w for w in workloads if w in OPEN_LOOP)
+    own = tuple(w for w in workloads if w not in OPEN_LOOP)
     points = [Point(p, load, tuple(seeds), sweep) for p in profiles for load in loads if sweep]
     points += [Point(p, None, tuple(seeds), own) for p in profiles if own]
     return tuple(points)

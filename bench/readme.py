@@ -96,7 +96,8 @@ SECTION_HEAD = """## Fleet benchmark
 
 The default plan (`bench/plan.py`): workloads rag, rag_user, mixed, hot and noreuse on the seeds'
 profile (`rtx3090x2`) at offered load 0.6 as the mean of seeds 1-3 and at loads 0.3 and 0.9 with seed
-1, and on the datacenter profile (`h200`, `emulator/timing.py`) at load 0.6 with seed 1; agent and
+1, and on the datacenter profile (`h200`, `emulator/timing.py`) at load 0.6 with seed 1; the rag
+variants rag_restart and rag_tenants on the seeds' profile at load 0.6 with seed 1 only; agent and
 probe at their own pace (closed loop) on the seeds' profile, seed 1. Systems: `kvroute-cost`,
 `kvroute-cache_aware`, `kvroute-least_load`, `sglang-cache_aware`, `sglang-round_robin`, `client-rr`,
 `oracle`, and the floor row.
@@ -134,6 +135,12 @@ lengths log-uniform in 32-512 tokens, the probe's 8): `rag` and `rag_user` (tens
 documents, 1.6x the fleet's GPU pools, Zipf(0.9) popularity, questions arriving steadily from the
 start, while documents are first seen; `rag` puts the document in the system message, `rag_user` in the
 user message before the question, as many RAG frameworks do; same documents, questions and arrivals),
+`rag_restart` (rag while replica 0 is killed at 40% of the arrival span and comes back 10 modelled
+seconds later with an empty GPU and host cache, storage kept: the emulator's restart fault with
+`down_s`, posted on time by `bench/outages.py` for every system, on a fleet started with
+`--emu-enable-faults`; meanwhile its generation connections are reset and its health probes answer
+503), `rag_tenants` (rag asked by two tenants, each request's drawn 50/50 and sent as its `cache_salt`,
+so one document under two salts is two prefixes; same documents, questions and arrivals as rag),
 `mixed` (long documents interleaved with short chat), `hot` (80% of requests on one document, each with
 its own 500-1000 tokens of notes), `noreuse` (unique prompts), `agent` (multi-turn sessions sharing a
 ~6K-token system prompt + tool schemas; each turn appends a tool output and a fixed-length
@@ -152,12 +159,14 @@ the fleet mean, where a replica's prefill seconds are the timing model's cost of
 every request it served (its reported cached tokens) plus its host and storage reloads (its
 `/_emu/state` counters). Balance is judged in TTFT (the old target of max/mean requests per replica <=
 1.3 is withdrawn); max/mean shows where the work went. Errors (requests cut by the wall-clock cap of a
-run, 60 s + 4x its arrival span) are counted in "errors" and left out of the TTFT statistics. Extra columns:
-rag's first question on a document ("first s") and the others ("repeat s"); mixed's short and long
-requests; probe's cold sends and the documents re-sent after eviction pressure. The `floor` row is not
-a system: each request's TTFT from the timing model on an idle replica holding every prefix sent before
-it, on GPU (no queueing, unbounded cache), so no router can go below it; its hit ratio is the most any
-placement can reach. With several seeds each column is the mean over seeds (requests and errors
+run, 60 s + 4x its arrival span, and on rag_restart requests the system let fail on the killed replica)
+are counted in "errors" and left out of the TTFT statistics. Extra columns: rag's and its variants'
+first question on a document (on rag_tenants: per tenant; "first s") and the others ("repeat s");
+mixed's short and long requests; probe's cold sends and the documents re-sent after eviction pressure.
+The `floor` row is not a system: each request's TTFT from the timing model on an idle replica holding
+every prefix sent before it, on GPU (no queueing, unbounded cache), so no router can go below it; its
+hit ratio is the most any placement can reach (it keeps each cache salt's prefixes apart, and ignores
+rag_restart's outage). With several seeds each column is the mean over seeds (requests and errors
 summed). The line under each table compares kvroute's default policy (cost) with the best other
 non-oracle system, the oracle and the floor, and gives kvroute's cache model error (sum |predicted -
 reported cached tokens| / sum prompt tokens, from the gateway's `/status`).

@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import plots, readme, report
-from bench.plan import OWN_PACE_WORKLOADS, PROFILES, SWEEP_WORKLOADS
+from bench.plan import OPEN_LOOP, OWN_PACE_WORKLOADS, PROFILES
 from bench.report import FLOOR, NAN, SUBJECT, Summary
 
 SGLANG_CACHE_AWARE = "sglang-cache_aware"
-ORDER = (*SWEEP_WORKLOADS, *OWN_PACE_WORKLOADS)
+ORDER = (*OPEN_LOOP, *OWN_PACE_WORKLOADS)
 RUNS_KEPT = 8
 
 

@@ -58,6 +58,8 @@ def test_cli_parses_a_custom_plan_systems_and_time_scale() -> None:
     assert cfg.run.time_scale == 0.5 and cfg.run.fleet.replicas == 4
     assert [s.name for s in cfg.run.systems][-1] == "oracle" and len(cfg.run.systems) == 4
     assert cli.parse(["rag", "--seeds", "1, 2,3"]).points[0].seeds == (1, 2, 3)
+    variants = cli.parse(["rag_restart", "rag_tenants", "--load", "0.6", "--seeds", "1"]).points
+    assert [(p.load, p.workloads) for p in variants] == [(0.6, ("rag_restart", "rag_tenants"))]
     for bad in (["--seeds", "1,x"], ["nosuch"], ["--load", "0"], ["--profile", "tpu"]):
         with pytest.raises(SystemExit):
             cli.parse(bad)
@@ -68,10 +70,14 @@ def test_the_default_plan_and_the_matrix() -> None:
     cfg = cli.parse([])
     assert cfg.points == plan.default_plan() and cfg.readme is not None
     assert sorted(s.name for s in cfg.run.systems) == sorted(plan.SWEEP_SYSTEMS)
-    points = {(p.profile, p.load): p for p in cfg.points}
-    assert points[("rtx3090x2", 0.6)].seeds == (1, 2, 3) and points[("h200", 0.6)].seeds == (1,)
-    assert {points[("rtx3090x2", x)].workloads for x in (0.3, 0.6, 0.9)} == {plan.SWEEP_WORKLOADS}
-    assert points[("rtx3090x2", None)].workloads == ("agent", "probe")
+    points = {(p.profile, p.load, p.workloads): p for p in cfg.points}
+    sweep, variants = plan.SWEEP_WORKLOADS, plan.VARIANT_WORKLOADS
+    assert points[("rtx3090x2", 0.6, sweep)].seeds == (1, 2, 3) and points[("h200", 0.6, sweep)].seeds == (1,)
+    assert {("rtx3090x2", x, sweep) for x in (0.3, 0.9)} <= points.keys()
+    assert [(p.profile, p.load, p.seeds) for p in cfg.points if p.workloads == variants] == [
+        ("rtx3090x2", 0.6, (1,))  # the rag variants: at the default point only
+    ]
+    assert ("rtx3090x2", None, ("agent", "probe")) in points
     matrix = cli.parse(["--matrix"])
     assert sorted(w for p in matrix.points for w in p.workloads) == sorted(GENERATORS)
     assert len(matrix.run.systems) == len(systems.default_systems())

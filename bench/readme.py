@@ -140,7 +140,9 @@ seconds later with an empty GPU and host cache, storage kept: the emulator's res
 `down_s`, posted on time by `bench/outages.py` for every system, on a fleet started with
 `--emu-enable-faults`; meanwhile its generation connections are reset and its health probes answer
 503), `rag_tenants` (rag asked by two tenants, each request's drawn 50/50 and sent as its `cache_salt`,
-so one document under two salts is two prefixes; same documents, questions and arrivals as rag),
+so one document under two salts is two prefixes; same documents, questions and arrivals as rag;
+sglang-router 0.3.2 drops `cache_salt` from the body it forwards, so behind it the replicas cache both
+tenants in one namespace and its hit ratio can exceed the floor's),
 `mixed` (long documents interleaved with short chat), `hot` (80% of requests on one document, each with
 its own 500-1000 tokens of notes), `noreuse` (unique prompts), `agent` (multi-turn sessions sharing a
 ~6K-token system prompt + tool schemas; each turn appends a tool output and a fixed-length

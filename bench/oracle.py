@@ -16,7 +16,9 @@ Choosing and booking the pending work happen with no await in between (atomic on
 two simultaneous requests do not both take the same idle replica; predictions are fetched without a
 lock (a lock would serialise the oracle behind N predictions per request, and its queueing would show
 up in every TTFT it reports). It is greedy per request and does not foresee future requests, so it
-is a strong reference, not a strict lower bound.
+is a strong reference, not a strict lower bound. It has no health checks and no retries: a replica that
+is down (rag_restart's outage) still answers /_emu/predict, looks idle, and a request forwarded to it
+answers 500 when its connection is reset.
 
     python -m bench.oracle --port P --backend URL [--backend URL ...]
 """

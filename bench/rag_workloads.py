@@ -5,7 +5,12 @@ both ask the same questions about the same documents at the same times for a see
 `rag` (the same documents, questions and arrivals):
 
 - `rag_restart`: replica 0 is killed at 40% of the arrival span and comes back 10 modelled seconds
-  later with an empty GPU and host cache (`RESTART`, an `Outage`; the replay injects it);
+  later with an empty GPU and host cache (`RESTART`, an `Outage`; the replay injects it). What it
+  measures here is the loss: the routers notice a replica's return by health checks on wall-clock
+  intervals (kvroute every 5 s, sglang-router every 60 s), 5x longer in modelled time at the bench's
+  time scale, and in the runs of 2026-12-02 no router sent a request to the replica once it was back
+  before the last arrival. A longer rag does not help: bench.load packs its arrivals to the same
+  offered load (500 questions spanned 37.6 modelled s against 200's 31.5);
 - `rag_tenants`: each request belongs to one of two tenants (50/50, from a generator of its own seeded
   by the seed, so the arrivals stay rag's) and carries its `cache_salt`, a cache namespace in SGLang:
   one document asked by both tenants is two prefixes. Tags count a first question per (tenant, doc).

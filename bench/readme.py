@@ -139,7 +139,9 @@ user message before the question, as many RAG frameworks do; same documents, que
 seconds later with an empty GPU and host cache, storage kept: the emulator's restart fault with
 `down_s`, posted on time by `bench/outages.py` for every system, on a fleet started with
 `--emu-enable-faults`; meanwhile its generation connections are reset and its health probes answer
-503), `rag_tenants` (rag asked by two tenants, each request's drawn 50/50 and sent as its `cache_salt`,
+503; the routers notice the return by health checks on wall-clock intervals, 5x longer in modelled time
+here, so no router used the replica again before the last arrival: the run measures the loss),
+`rag_tenants` (rag asked by two tenants, each request's drawn 50/50 and sent as its `cache_salt`,
 so one document under two salts is two prefixes; same documents, questions and arrivals as rag;
 sglang-router 0.3.2 drops `cache_salt` from the body it forwards, so behind it the replicas cache both
 tenants in one namespace and its hit ratio can exceed the floor's),

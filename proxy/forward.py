@@ -49,6 +49,7 @@ from proxy.errors import (
 from proxy.relay import (
     SSESniffer,
     body_usage,
+    end_body,
     first_event_error,
     forward_headers,
     relay_stream,
@@ -270,7 +271,7 @@ async def _relay_sse(
         raise
     finally:
         a.usage = sniffer.usage()
-    await out.write_eof()
+    await end_body(out)
     return out
 
 

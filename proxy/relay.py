@@ -16,6 +16,7 @@ that a stream begins with (SGLang's way to fail a request it had accepted: the g
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -170,3 +171,12 @@ async def relay_stream(
             first = False
         sniffer.feed(chunk)
         await out.write(chunk)
+
+
+async def end_body(out: web.StreamResponse) -> None:
+    """The end of a relayed body. A client may leave as soon as it has read the last event (an SSE
+    client on ``[DONE]``), before the chunked terminator: its answer was delivered whole, so a closing
+    transport here is no error (aiohttp's own end of a response treats it so too). Otherwise aiohttp
+    logged "Error handling request" with a traceback, 4-14 times per bench run of 200 requests."""
+    with contextlib.suppress(ConnectionResetError):
+        await out.write_eof()

@@ -45,6 +45,7 @@ from proxy.access_log import access_of
 from proxy.context import GATEWAY
 from proxy.forward import Tap, request_id
 from proxy.metrics import GatewayMetrics
+from proxy.relay import end_body
 from proxy.response_answer import Answer, hit_body, hit_stream, hit_usage
 from proxy.response_capture import Capture
 from proxy.response_store import MemoryStore, RedisStore, Store, store_key
@@ -183,7 +184,7 @@ class ResponseCache:
         )
         await out.prepare(request)
         await out.write(hit_stream(answer, rid, created, plan.model, plan.include_usage))
-        await out.write_eof()
+        await end_body(out)
         return out
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:

@@ -101,6 +101,7 @@ def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
         ttft_s=terms.total,
         budget=ticket.request.max_new_tokens or 0,
         streamed=parsed.stream,
+        overhead_s=terms.overhead_s,
     )
 
 

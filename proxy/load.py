@@ -15,11 +15,21 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
 - **released** at the end (or on failure): nothing is left behind, exactly once.
 
 Live arrivals (not warm-up steps) are also kept as an exponentially decaying rate over ``window_s``
-(requests per second), with the time of the last one, and the
-replica's prefill **utilization** as the decaying fraction of time it had prefill work outstanding (some
-request sent and its first byte not back): measured, so it does not inherit the errors of early
-predictions. The placement rule prices the delay a new request imposes on those that will arrive behind
-it with both (``routing.placement``).
+(requests per second), with the time of the last one, and the replica's prefill **utilization** as the
+decaying fraction of time its engine spent serving prefills. The engine serves prefills first come first
+served, and after a request's prefill comes its fixed overhead (scheduling, the first decode step,
+detokenizing: ``overhead_s``, learned), which runs beside the next prefill. So request i's service, from
+its first byte and the previous one on the replica, is
+
+    service_i = first_i - max(sent_i + overhead_i, first_(i-1))
+
+(its prefill ended at first_i - overhead_i and started when it was sent or when the previous prefill
+ended, whichever was later): measured, so it does not inherit the errors of early predictions. The
+fraction of time with *some request outstanding* is not a utilization: each request's own overhead
+counts in it, so at a few requests per second it reads 1.0 on a replica whose prefill engine is mostly
+idle (it did on every replica of a rag run at load 0.6, with nothing queued), and the placement rule's
+1 / (1 - ρ) then prices every copy at its cap. The placement rule prices the delay a new request imposes
+on those that will arrive behind it with both (``routing.placement``).
 
 Both averages start from zero, so for the first windows after traffic begins they read low by the factor
 ``1 - exp(-t / window_s)`` (t: seconds since the fleet's first live request, a ``TrafficEpoch`` that all
@@ -69,6 +79,7 @@ class Work:
     budget: int  # output budget in tokens, 0 = unbounded / unknown
     streamed: bool = True
     live: bool = True  # False: a warm-up step (counts as work, not as live arrivals)
+    overhead_s: float = 0.0  # predicted fixed time after its prefill (beside the next prefill)
     first_s: float | None = None
 
 
@@ -111,17 +122,14 @@ class ReplicaLoad:
     queued_tokens: int = 0
     queued_work_s: float = 0.0
     last_first_s: float = 0.0
-    busy_since_s: float | None = None  # prefill work outstanding since then
     last_live_s: float = float("-inf")  # the last live request sent
     arrivals: DecayingRate = field(default_factory=DecayingRate)
-    busy: DecayingRate = field(default_factory=DecayingRate)  # seconds with prefill outstanding, per second
+    busy: DecayingRate = field(default_factory=DecayingRate)  # seconds of measured service, per second
 
     def __post_init__(self) -> None:
         self.arrivals.window_s = self.busy.window_s = self.window_s
 
     def add(self, w: Work) -> None:
-        if not self.queue:
-            self.busy_since_s = w.sent_s
         self.queue[w] = None
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
@@ -133,6 +141,7 @@ class ReplicaLoad:
     def first_token(self, w: Work, now: float) -> None:
         if w in self.queue:
             self._dequeue(w, now)
+            self.busy.add(max(0.0, now - max(w.sent_s + w.overhead_s, self.last_first_s)), now)
             w.first_s = now
             self.last_first_s = max(self.last_first_s, now)
             self.decoding[w] = None
@@ -158,16 +167,19 @@ class ReplicaLoad:
         )
 
     def _utilization(self, now: float) -> float:
-        """The decaying busy fraction, the current busy stretch included."""
-        ongoing = now - self.busy_since_s if self.busy_since_s is not None else 0.0
-        return self.busy.at(now) + ongoing / self.window_s
+        """The decaying fraction of time spent serving, the head of the queue's service so far included."""
+        return self.busy.at(now) + self._head_elapsed(now) / self.window_s
 
     def _queued_s(self, now: float) -> float:
+        return max(0.0, self.queued_work_s - self._head_elapsed(now)) if self.queue else 0.0
+
+    def _head_elapsed(self, now: float) -> float:
+        """How long the head of the queue has been served: since the later of its send and the last first
+        byte, at most its own predicted work."""
         head = next(iter(self.queue), None)
         if head is None:
             return 0.0
-        elapsed = min(head.work_s, max(0.0, now - max(head.sent_s, self.last_first_s)))
-        return max(0.0, self.queued_work_s - elapsed)
+        return min(head.work_s, max(0.0, now - max(head.sent_s, self.last_first_s)))
 
     def _promote_unstreamed(self, now: float) -> None:
         """An answer that is not streamed shows no first byte: past its predicted TTFT it is decoding."""
@@ -179,9 +191,6 @@ class ReplicaLoad:
         del self.queue[w]
         self.queued_tokens -= w.prefill_tokens
         self.queued_work_s = max(0.0, self.queued_work_s - w.work_s) if self.queue else 0.0
-        if not self.queue and self.busy_since_s is not None:  # a busy stretch ends
-            self.busy.add(max(0.0, now - self.busy_since_s), now)
-            self.busy_since_s = None
 
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:
@@ -189,9 +198,9 @@ def combined(local: LoadView, remote: LoadView) -> LoadView:
     counts, queued work and arrival rates add up; the busy fraction is the largest of them; the decoding
     detail is this gateway's (others' requests count, unknown).
 
-    Each gateway's busy fraction is the share of time it had a request waiting for prefill there, and
-    the replica's is their union. The periods are nested more than independent (while the replica is
-    busy every gateway that sent to it has a request queued), so the union is close to the largest;
+    Each gateway measures the service of its own requests, and a request that queued behind the other
+    gateways' spans their prefills too: while the replica is busy every gateway that sends to it sees
+    the busy time, so each measure is close to the replica's and the largest is the best of them;
     combining them as independent, 1 - (1 - a)(1 - b), overstated it, and three gateways sharing a view
     placed rag's documents worse than one gateway (mean TTFT 1.06x one gateway's over three runs each,
     against 1.00x with the largest)."""

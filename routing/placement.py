@@ -6,8 +6,8 @@ arrive at r while q's work is still ahead of it the time q's work takes. With, f
     x   = q's own work there: prefill of its uncached tokens + reload of its host/storage tokens (s)
     W   = the work already queued ahead of it, prefill and running-slot wait (s)  (routing.ttft)
     λ   = the rate of requests recently routed to r (1/s)
-    ρ   = r's recent prefill utilization: the measured fraction of time it had prefill work outstanding,
-          bias-corrected at start-up (proxy/load.py), capped at
+    ρ   = r's recent prefill utilization: the measured fraction of time its engine spent serving
+          prefills (from the first bytes, proxy/load.py), bias-corrected at start-up, capped at
           max_utilization (0.95)
 
 the delay q imposes on the others is x for each request arriving before r's backlog W + x has drained;

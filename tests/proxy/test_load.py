@@ -11,9 +11,18 @@ from proxy.load import MIN_ELAPSED_S, DecayingRate, LoadView, ReplicaLoad, Traff
 WINDOW = 10.0
 
 
-def work(sent: float, work_s: float = 1.0, *, streamed: bool = True, live: bool = True) -> Work:
+def work(
+    sent: float, work_s: float = 1.0, *, streamed: bool = True, live: bool = True, overhead: float = 0.0
+) -> Work:
     return Work(
-        sent, prefill_tokens=1000, work_s=work_s, ttft_s=work_s, budget=64, streamed=streamed, live=live
+        sent,
+        prefill_tokens=1000,
+        work_s=work_s,
+        ttft_s=work_s + overhead,
+        budget=64,
+        streamed=streamed,
+        live=live,
+        overhead_s=overhead,
     )
 
 
@@ -106,6 +115,37 @@ def test_utilization_of_a_replica_busy_since_traffic_began_reads_near_one_and_ne
     r.add(work(0.0, 100.0))
     assert r.view(3.0, 0).utilization == pytest.approx(1.0, abs=0.2)
     assert r.view(50.0, 0).utilization <= 1.0
+
+
+def _fcfs(r: ReplicaLoad, every: float, prefill: float, overhead: float, until: float) -> None:
+    """A request every `every` s; an FCFS engine serves each `prefill` s, its first byte `overhead` s
+    after its prefill ends (the overhead runs beside the next prefill). Events in time order."""
+    events, engine_free = [], 0.0
+    for i in range(int(until / every)):
+        sent, w = i * every, work(i * every, prefill, overhead=overhead)
+        engine_free = max(sent, engine_free) + prefill
+        events += [(sent, 0, w), (engine_free + overhead, 1, w)]
+    for t, kind, w in sorted((e for e in events if e[0] <= until), key=lambda e: (e[0], e[1])):
+        r.add(w) if kind == 0 else r.first_token(w, t)
+
+
+@pytest.mark.parametrize(
+    ("prefill", "expected"),
+    [
+        (
+            0.05,
+            0.5,
+        ),  # answers overlap (each outstanding 0.55 s, one sent every 0.1 s): the engine is half idle
+        (0.02, 0.2),
+        (0.2, 1.0),  # the engine never catches up
+    ],
+)
+def test_utilization_is_the_engine_s_service_not_the_time_with_a_request_outstanding(
+    prefill: float, expected: float
+) -> None:
+    r = load()
+    _fcfs(r, every=0.1, prefill=prefill, overhead=0.5, until=40.0)
+    assert r.view(40.0, 0).utilization == pytest.approx(expected, abs=0.05)
 
 
 def test_combined_views_add_work_and_rates_and_take_the_largest_busy_fraction() -> None:

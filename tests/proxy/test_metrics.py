@@ -149,7 +149,8 @@ async def test_load_and_cache_model_gauges(stack: Stack) -> None:
     queued = by(text, "kvroute_replica_queued_prefill_seconds", "replica")
     assert queued[busy[0]] > 0 and sum(queued.values()) == queued[busy[0]]
     assert by(text, "kvroute_replica_queued_prefill_tokens", "replica")[busy[0]] > 800
-    assert all(v > 0 for v in by(text, "kvroute_replica_utilization_ratio", "replica").values())
+    # the queued request is in service on its replica (the others served only near-instant warm-ups)
+    assert by(text, "kvroute_replica_utilization_ratio", "replica")[busy[0]] > 0
     assert all(v > 0 for v in by(text, "kvroute_replica_arrival_rate_per_second", "replica").values())
     router = stack.gw.router.status()
     for replica in stack.urls:

@@ -102,6 +102,7 @@ def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
         budget=ticket.request.max_new_tokens or 0,
         streamed=parsed.stream,
         overhead_s=terms.overhead_s,
+        reload_s=terms.reload_s,
     )
 
 

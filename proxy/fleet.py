@@ -18,7 +18,8 @@
 - Load: each routed request takes a ``Lease`` on a ``proxy.load.Work``: queued prefill work (tokens and
   predicted seconds) until its first byte arrives, then a decoding slot; ``release`` (in the handler's
   ``finally``) undoes whatever is left, exactly once. Snapshots report the load in work
-  (``proxy/load.py``), at the instant they are taken.
+  (``proxy/load.py``), at the instant they are taken, queued prefill priced at each replica's current
+  learned rate (``pricing``: the gateway passes the router's rate book).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from routing.tiers import tier_warnings
 from routing.types import ReplicaId, ReplicaState
 
 log = logging.getLogger("kvroute.fleet")
+Pricing = Callable[[ReplicaId], float]  # a replica's current seconds per prefill token (0: unknown)
 FAILURE_THRESHOLD = 2
 INFO_REFRESH_CHECKS = 12
 HEALTH_TIMEOUT_S = 5.0
@@ -47,7 +49,9 @@ HEALTH_TIMEOUT_S = 5.0
 class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
-    __slots__ = ("breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "remote")
+    __slots__ = (
+        "breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "pricing", "remote",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -55,8 +59,10 @@ class Replica:
         window_s: float = DEFAULT_WINDOW_S,
         epoch: TrafficEpoch | None = None,
         breaker: BreakerPolicy | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         self.id: ReplicaId = url.rstrip("/")
+        self.pricing = pricing or _unpriced  # its current seconds per prefill token (proxy/load.py)
         self.info: ReplicaInfo | None = None
         self.healthy = False
         self.draining = False
@@ -73,7 +79,7 @@ class Replica:
     def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
         now = time.monotonic() if now is None else now
-        load = self.load.view(now, i.max_running_requests if i else 0)
+        load = self.load.view(now, i.max_running_requests if i else 0, self.pricing(self.id))
         if self.remote is not None:
             load = combined(load, self.remote)
         return ReplicaState(
@@ -119,6 +125,11 @@ class Replica:
         }
 
 
+def _unpriced(replica: ReplicaId) -> float:
+    """No current rate: queued work keeps the price it was routed with."""
+    return 0.0
+
+
 def _nothing() -> None:
     pass
 
@@ -154,9 +165,11 @@ class Fleet:
         on_removed: Callable[[ReplicaId], None],
         on_restart: Callable[[ReplicaId], None],
         breaker: BreakerPolicy | None = None,
+        pricing: Pricing | None = None,
     ) -> None:
         self._replicas: dict[ReplicaId, Replica] = {}
         self._breaker = breaker
+        self._pricing = pricing
         self._interval = health_interval
         self._on_removed = on_removed
         self._on_restart = on_restart
@@ -172,7 +185,7 @@ class Fleet:
     def add(self, url: str) -> Replica:
         replica = self._replicas.get(url.rstrip("/"))
         if replica is None:
-            replica = Replica(url, epoch=self._epoch, breaker=self._breaker)
+            replica = Replica(url, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
             self._replicas[replica.id] = replica
         return replica
 

@@ -2,11 +2,15 @@
 
 Every routed request holds a ``Work`` on its replica from the send until its answer is over:
 
-- **queued**: sent, first byte not back. Its predicted own work (prefill of the uncached tokens plus
-  reloads, in seconds, from the request's ``Prediction``) is queued prefill work. The engine serves
-  prefills first come first served, so the head of the queue has been worked on since the later of its
-  send time and the replica's last first byte: that elapsed time (at most the head's own work) is not
-  waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part.
+- **queued**: sent, first byte not back. Its own work (prefill of its uncached tokens plus its reloads)
+  is queued prefill work, priced when the load is read: uncached tokens x the replica's current seconds
+  per token (``view``'s ``s_per_token``, the learned rate) + the reload seconds its ``Prediction`` gave.
+  A rate learned after a request was routed so reprices it: early in a run the configured start rate
+  can be 5x off the engine's, and work priced at routing time kept that error until its first byte (one
+  cold 16K-token document was carried as 20 s queued for its whole wait, ~4.9 s in truth). The engine
+  serves prefills first come first served, so the head of the queue has been worked on since the later
+  of its send time and the replica's last first byte: that elapsed time (at most the head's own work) is
+  not waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part.
 - **decoding**: first byte back (streams), or, for an answer that is not streamed, once its predicted
   TTFT has passed (the gateway sees no first token then). A decoding request holds a running slot and
   no prefill: it never counts as prefill load. When a replica's requests fill its
@@ -74,12 +78,13 @@ class Work:
 
     sent_s: float
     prefill_tokens: int
-    work_s: float  # predicted own prefill + reload seconds
+    work_s: float  # predicted own prefill + reload seconds (at the rates known when it was routed)
     ttft_s: float  # predicted time to first token (queue included)
     budget: int  # output budget in tokens, 0 = unbounded / unknown
     streamed: bool = True
     live: bool = True  # False: a warm-up step (counts as work, not as live arrivals)
     overhead_s: float = 0.0  # predicted fixed time after its prefill (beside the next prefill)
+    reload_s: float = 0.0  # the predicted host / storage reload part of work_s
     first_s: float | None = None
 
 
@@ -121,6 +126,7 @@ class ReplicaLoad:
     decoding: dict[Work, None] = field(default_factory=dict)
     queued_tokens: int = 0
     queued_work_s: float = 0.0
+    queued_reload_s: float = 0.0
     last_first_s: float = 0.0
     last_live_s: float = float("-inf")  # the last live request sent
     arrivals: DecayingRate = field(default_factory=DecayingRate)
@@ -133,6 +139,7 @@ class ReplicaLoad:
         self.queue[w] = None
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
+        self.queued_reload_s += w.reload_s
         if w.live:
             self.epoch.started(w.sent_s)
             self.arrivals.add(1.0, w.sent_s)
@@ -151,7 +158,8 @@ class ReplicaLoad:
             self._dequeue(w, now)
         self.decoding.pop(w, None)
 
-    def view(self, now: float, max_running: int) -> LoadView:
+    def view(self, now: float, max_running: int, s_per_token: float = 0.0) -> LoadView:
+        """The load now; ``s_per_token`` > 0 reprices queued prefill at that rate (module docstring)."""
         self._promote_unstreamed(now)
         inflight = len(self.queue) + len(self.decoding)
         full = max_running > 0 and inflight >= max_running
@@ -160,7 +168,7 @@ class ReplicaLoad:
         return LoadView(
             inflight,
             max(0, self.queued_tokens),
-            self._queued_s(now),
+            self._queued_s(now, s_per_token),
             decoding,
             self.arrivals.at(now) * unbias,
             min(1.0, self._utilization(now) * unbias),
@@ -170,16 +178,22 @@ class ReplicaLoad:
         """The decaying fraction of time spent serving, the head of the queue's service so far included."""
         return self.busy.at(now) + self._head_elapsed(now) / self.window_s
 
-    def _queued_s(self, now: float) -> float:
-        return max(0.0, self.queued_work_s - self._head_elapsed(now)) if self.queue else 0.0
+    def _queued_s(self, now: float, s_per_token: float = 0.0) -> float:
+        if not self.queue:
+            return 0.0
+        if s_per_token <= 0.0:
+            return max(0.0, self.queued_work_s - self._head_elapsed(now))
+        queued = max(0, self.queued_tokens) * s_per_token + self.queued_reload_s
+        return max(0.0, queued - self._head_elapsed(now, s_per_token))
 
-    def _head_elapsed(self, now: float) -> float:
+    def _head_elapsed(self, now: float, s_per_token: float = 0.0) -> float:
         """How long the head of the queue has been served: since the later of its send and the last first
-        byte, at most its own predicted work."""
+        byte, at most its own work (repriced at ``s_per_token`` when > 0)."""
         head = next(iter(self.queue), None)
         if head is None:
             return 0.0
-        return min(head.work_s, max(0.0, now - max(head.sent_s, self.last_first_s)))
+        own = head.prefill_tokens * s_per_token + head.reload_s if s_per_token > 0.0 else head.work_s
+        return min(own, max(0.0, now - max(head.sent_s, self.last_first_s)))
 
     def _promote_unstreamed(self, now: float) -> None:
         """An answer that is not streamed shows no first byte: past its predicted TTFT it is decoding."""
@@ -191,6 +205,7 @@ class ReplicaLoad:
         del self.queue[w]
         self.queued_tokens -= w.prefill_tokens
         self.queued_work_s = max(0.0, self.queued_work_s - w.work_s) if self.queue else 0.0
+        self.queued_reload_s = max(0.0, self.queued_reload_s - w.reload_s) if self.queue else 0.0
 
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:

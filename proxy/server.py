@@ -58,6 +58,7 @@ def build_gateway(settings: Settings) -> Gateway:
         on_removed=router.forget,
         on_restart=router.restart,
         breaker=settings.breaker_policy(),
+        pricing=lambda replica: 1.0 / router.rates.get(replica).prefill_tokens_per_s,
     )
     metrics = GatewayMetrics(
         lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],

@@ -289,7 +289,7 @@ class WarmJobs:
         terms = ticket.prediction.terms
         work = Work(
             time.monotonic(), round(terms.uncached_tokens), terms.prefill_s + terms.reload_s, terms.total,
-            budget=0, streamed=False, live=False,
+            budget=0, streamed=False, live=False, reload_s=terms.reload_s,
         )  # fmt: skip
         lease = gw.fleet.acquire(replica, work)
         report = Report(ok=False)

@@ -159,3 +159,19 @@ def test_combined_views_add_work_and_rates_and_take_the_largest_busy_fraction() 
     assert c.arrival_rate == 3.0
     assert c.utilization == pytest.approx(0.6)
     assert combined(b, LoadView(0, 0, 0.0, (), 0.0, 1.7)).utilization == 1.0
+
+
+def test_queued_prefill_is_priced_at_the_current_rate_when_one_is_given() -> None:
+    """Routed at a start rate of 1 ms a token (1 s each), learned since at 0.2 ms: 0.2 s each, and the
+    head's elapsed service is capped at its repriced work; reloads keep their predicted seconds."""
+    r = load()
+    a, b = work(0.0, 1.0), work(0.0, 1.5)
+    b.reload_s = 0.5  # b: 1000 tokens (1 s at the start rate) + a 0.5 s reload
+    r.add(a)
+    r.add(b)
+    assert r.view(0.0, 0).inflight_prefill_s == pytest.approx(2.5)  # as routed
+    assert r.view(0.0, 0, 0.0002).inflight_prefill_s == pytest.approx(0.2 + 0.2 + 0.5)
+    assert r.view(0.1, 0, 0.0002).inflight_prefill_s == pytest.approx(0.1 + 0.2 + 0.5)  # a half done
+    assert r.view(5.0, 0, 0.0002).inflight_prefill_s == pytest.approx(0.7)  # a overdue: b's work stays
+    r.first_token(a, 5.0)
+    assert r.view(5.0, 0, 0.0002).inflight_prefill_s == pytest.approx(0.7)

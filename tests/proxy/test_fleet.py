@@ -207,3 +207,26 @@ async def test_load_is_tracked_and_released(stack: Stack) -> None:
 
 async def _outcomes(stack: Stack, expected: list[str]) -> bool:
     return [e["outcome"] for e in await stack.generations()] == expected
+
+
+async def test_queued_prefill_is_priced_at_the_current_learned_rate(stack: Stack) -> None:
+    """A rate learned after a request was routed reprices its queued prefill (proxy/load.py)."""
+    import asyncio
+
+    for r in stack.replicas:
+        await r.fault(action="hang")  # accepted, never answered: it stays queued
+    long = {"role": "user", "content": "a long new question " * 4000}  # ~5 s at the start rate
+    body = orjson.dumps({"model": MODEL, "messages": [SYSTEM, long]})
+    async with aiohttp.ClientSession() as s:
+        task = asyncio.ensure_future(s.post(stack.url + "/v1/chat/completions", data=body, headers=JSON))
+        try:
+            await wait_for(lambda: sum(r.inflight_requests for r in stack.gw.fleet.replicas()) == 1)
+            busy = next(r for r in stack.gw.fleet.replicas() if r.inflight_requests)
+            rates = stack.gw.router.rates.get(busy.id)
+            before = busy.state().inflight_prefill_s
+            assert before > 2.0
+            rates.prefill_tokens_per_s *= 10  # as if the replica had shown itself ten times faster
+            assert busy.state().inflight_prefill_s < before / 5
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -24,6 +24,7 @@ from typing import Any
 
 from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import Workload
+from emulator.openai_request import extra_key_of
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 
 DEFAULT_PROFILE = "rtx3090x2"
@@ -43,9 +44,8 @@ class FloorRequest:
 def namespace(body: Mapping[str, Any]) -> int:
     """Where a request's page chain starts: 0 without a cache namespace, else its hash (emulator:
     `cache_salt` then `extra_key`, concatenated, is the radix tree's root)."""
-    parts = [body.get(k) for k in ("cache_salt", "extra_key")]
-    key = "".join(p for p in parts if isinstance(p, str))
-    return hash(("namespace", key)) if any(isinstance(p, str) for p in parts) else 0
+    key = extra_key_of(body)
+    return 0 if key is None else hash(("namespace", key))
 
 
 def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) -> list[FloorRequest]:

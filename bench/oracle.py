@@ -40,6 +40,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from emulator.errors import ApiError
+from emulator.openai_request import extra_key_of
 from emulator.tokenizer import PseudoTokenizer, apply_chat_template
 
 RELAYED_HEADERS = ("content-type", "x-emu-replica", "x-request-id")
@@ -111,12 +113,15 @@ def predict_payload(tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, bo
     cache namespace (`cache_salt` + `extra_key`, which the emulator concatenates) goes as the native
     request's `extra_key`: the same radix root, still without N tokenizations."""
     ids = token_ids(tokenizer, path, body)
-    parts = [body.get("cache_salt"), body.get("extra_key")]
-    if ids is None or any(p is not None and not isinstance(p, str) for p in parts):
+    try:
+        key = extra_key_of(body)
+    except ApiError:
+        ids = None
+    if ids is None:
         return orjson.dumps({"path": path, "body": body})  # the emulator answers what it makes of it
     native: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}
-    if any(isinstance(p, str) for p in parts):
-        native["extra_key"] = "".join(p for p in parts if isinstance(p, str))
+    if key is not None:
+        native["extra_key"] = key
     return orjson.dumps({"path": "/generate", "body": native})
 
 

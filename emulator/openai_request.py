@@ -14,6 +14,7 @@ before the engine sees the request; the `Plan` holds them and everything else th
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,9 @@ class Plan:
 Parsed = tuple[tuple[Job, ...], Plan]
 
 
-def _extra_key(body: dict[str, Any]) -> str | None:
+def extra_key_of(body: Mapping[str, Any]) -> str | None:
+    """SGLang's effective cache namespace of an OpenAI body: `cache_salt` + `extra_key`, concatenated
+    (None when neither is given); ApiError when one is not a string."""
     parts = [body.get("cache_salt"), body.get("extra_key")]
     if any(p is not None and not isinstance(p, str) for p in parts):
         raise ApiError("cache_salt and extra_key must be strings")
@@ -166,7 +169,7 @@ def _rids(body: dict[str, Any], count: int) -> list[str]:
 
 
 def _job(body: dict[str, Any], prompt: tuple[int, ...], sampling: Sampling, rid: str) -> Job:
-    return Job(prompt, sampling, _extra_key(body), rid, bool(body.get("stream")))
+    return Job(prompt, sampling, extra_key_of(body), rid, bool(body.get("stream")))
 
 
 def _plan(

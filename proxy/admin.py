@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.context import GATEWAY, Gateway
 from proxy.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
 from proxy.openai import parse_json
-from proxy.settings import parse_url
+from proxy.setting_converters import parse_url
 
 
 def authorize(request: web.Request, gw: Gateway) -> None:

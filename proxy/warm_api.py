@@ -34,7 +34,8 @@ from proxy.openai import parse_json
 from proxy.state_sync import STATE_SYNC
 from proxy.types import ParsedRequest, Route
 from proxy.warm_docs import WarmupRequest, parse_warmup
-from proxy.warm_jobs import Job, WarmDoc, WarmJobs
+from proxy.warm_jobs import WarmJobs
+from proxy.warm_registry import Job, WarmDoc
 from routing.prompt import PromptRequest
 
 WARMUPS: web.AppKey[WarmJobs] = web.AppKey("warmups", WarmJobs)

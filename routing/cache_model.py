@@ -4,7 +4,7 @@
 
 - **Capacities** come from the replica snapshots (``gpu_tokens``, ``host_tokens``, ``storage_tokens``) and
   stay in engine tokens: every block weighs the tokens per block of the request that brought it
-  (``routing.tiers.BlockLru``; text and token-id prompts differ), scaled by the replica's
+  (``routing.block_lru.BlockLru``; text and token-id prompts differ), scaled by the replica's
   effective-capacity factors (``routing.calibration``) and, when the fleet's total exceeds
   ``model_budget_blocks`` (converted to tokens at the estimator's tokens per block), scaled down together
   so the model never holds more than the budget. ``sync`` adds replicas and notices restarts (a change

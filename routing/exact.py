@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from routing.block_lru import BlockLru
 from routing.config import RoutingConfig
 from routing.kv_events import AllBlocksCleared, BlockStored, EventBatch
 from routing.kv_index import KvIndex
-from routing.tiers import BlockLru, ReplicaTiers
+from routing.tiers import ReplicaTiers
 from routing.types import BlockHash, ReplicaState, RoutingRequest
 
 GRACE_S = 3.0

@@ -26,7 +26,7 @@ prefix ``c`` has them at ``c + k x interval``. The cache model therefore tolerat
 one interval on hybrid replicas before it blames capacity (see ``routing.cache_model``).
 
 Memory: one entry per recorded prompt, at most ``capacity`` (the replica's modelled blocks), the least
-recently recorded dropped first, in batches (as ``routing.tiers.BlockLru``).
+recently recorded dropped first, in batches (as ``routing.block_lru.BlockLru``).
 """
 
 from __future__ import annotations

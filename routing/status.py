@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from routing.block_lru import BlockLru
 from routing.calibration import AccuracyStats
-from routing.tiers import BlockLru
 from routing.types import ReplicaId
 
 if TYPE_CHECKING:

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from routing.block_lru import BlockLru
 from routing.config import RoutingConfig
 from routing.pipeline import HealthyFilter, Pipeline, SeededPicker
 from routing.protocols import Scored, Stage
-from routing.tiers import BlockLru
 from routing.types import Candidate, Reason, ReplicaId, RoutingRequest
 
 

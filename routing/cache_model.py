@@ -11,11 +11,9 @@
   of ``started_at`` forgets GPU and host); a hybrid model with a write-through policy gets no host or
   storage tier (the seeds' trap: its host copies lack the recurrent-state anchor and are never reused,
   contract §3.2).
-- ``match`` returns, per replica, the leading tokens found on GPU, then host, then storage. Host runs
-  shorter than SGLang's load-back threshold (10 tokens) and storage runs shorter than its prefetch
-  threshold (256 tokens) count as misses, and the total is capped at ``prompt_tokens - 1`` (the engine
-  always computes one token). On a hybrid replica (``resume_interval`` > 0) a match that stops inside a
-  recorded prompt is first cut back to the last recurrent-state resume point (``routing.resume``).
+- ``match`` returns, per replica, the leading tokens found on GPU, then host, then storage, as the
+  engine would reuse them (``routing.prefix_reuse``: SGLang's load-back and prefetch thresholds, one
+  token always computed, hybrid replicas cut back to a resume point).
 - ``record`` inserts the request's blocks optimistically on the chosen replica and returns a
   ``Recorded`` receipt: the prediction and which blocks the request holds provisionally
   (``routing.ledger``). ``settle`` takes the receipt back with the replica's ``Report``: a request that
@@ -43,12 +41,10 @@ from routing.config import RoutingConfig
 from routing.exact import ExactState, KvMode
 from routing.kv_events import EventBatch
 from routing.ledger import Provisional
-from routing.resume import SequenceEnds, grid_tokens
+from routing.prefix_reuse import resume_limit, reused_prefix
+from routing.resume import SequenceEnds
 from routing.tiers import ReplicaTiers, host_reusable
-from routing.types import NO_MATCH, BlockHash, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
-
-LOAD_BACK_MIN_TOKENS = 10  # SGLang skips (recomputes) host loads shorter than this
-PREFETCH_MIN_TOKENS = 256  # SGLang prefetches from storage only from this many tokens
+from routing.types import BlockHash, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,14 +181,14 @@ class CacheModel:
         out: dict[ReplicaId, PrefixMatch] = {}
         if not hashes:
             return out
-        known, reverse, to_tokens = self._replicas, hashes[::-1], self._to_tokens
+        known, reverse, to_tokens = self._replicas, hashes[::-1], reused_prefix
         for state in replicas:
             r = known.get(state.id)
             if r is None:
                 continue
             g, h, s = r.tiers.runs(hashes, reverse)
             if g or h or s:
-                resume = self._resume_limit(req, r, g + h + s) if state.resume_interval > 0 else inf
+                resume = resume_limit(req, r.state, r.ends, g + h + s) if state.resume_interval > 0 else inf
                 out[state.id] = to_tokens(req, g, h, s, resume)
         return out
 
@@ -203,7 +199,7 @@ class CacheModel:
         if r is None or not hashes:
             return None
         g, h, s = r.tiers.insert(hashes, req.block_tokens)
-        m = self._to_tokens(req, g, h, s, self._resume_limit(req, r, g + h + s))
+        m = reused_prefix(req, g, h, s, resume_limit(req, r.state, r.ends, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:
             new_end = r.ends.add(hashes, req.prompt_tokens, req.block_tokens)
@@ -264,40 +260,6 @@ class CacheModel:
         r = self._replicas.get(replica)
         if r is not None:
             r.tiers.discard(blocks)
-
-    # ---- internals ----------------------------------------------------------------------------------
-    def _resume_limit(self, req: RoutingRequest, r: _Replica, n: int) -> float:
-        """Estimated tokens a hybrid replica can resume from when ``n`` leading blocks match (see
-        ``routing.resume``); ``inf`` when the match is whole or the replica is not hybrid."""
-        interval = r.state.resume_interval
-        if interval <= 0 or n <= 0:
-            return inf
-        bt = req.block_tokens
-        if r.state.resume_at_end and r.ends.contained(req.block_hashes[n - 1], req.prompt_tokens, bt):
-            return inf
-        return grid_tokens(n * bt, interval)
-
-    @staticmethod
-    def _to_tokens(req: RoutingRequest, g: int, h: int, s: int, resume: float = inf) -> PrefixMatch:
-        if not g and not h and not s:
-            return NO_MATCH
-        bt = req.block_tokens
-        gpu, host, storage = g * bt, h * bt, s * bt
-        if resume < gpu + host + storage:  # a hybrid replica resumes only at a resume point
-            gpu = min(gpu, resume)
-            host = min(host, resume - gpu)
-            storage = min(storage, resume - gpu - host)
-        if 0 < host < LOAD_BACK_MIN_TOKENS:
-            host, storage = 0.0, 0.0
-        if storage and storage < PREFETCH_MIN_TOKENS:
-            storage = 0.0
-        limit = req.prompt_tokens - 1.0
-        if gpu + host + storage > limit:  # the engine always computes at least one token
-            limit = max(0.0, limit)
-            gpu = min(gpu, limit)
-            host = min(host, limit - gpu)
-            storage = min(storage, limit - gpu - host)
-        return PrefixMatch(gpu, host, storage)
 
 
 def _raw_capacity(state: ReplicaState) -> tuple[float, float, float]:

@@ -12,25 +12,19 @@ whose circuit breaker refuses (``Fleet.admit``: open, or its half-open trial alr
    connection is closed), a body or a stream's first chunk that fails, a stream whose first event is
    an in-band 5xx error (SGLang's way to fail a request it already accepted, e.g. while restarting);
    any other answer is relayed;
-3. relay: whole body, or SSE chunk by chunk, each within ``idle_timeout``; a failure after the first
-   streamed byte (a cut, an idle stream, a stream that ends without ``[DONE]``) sends one SSE error
-   event and ends the body (no ``[DONE]``); the client's connection is not closed after it (a server
-   closing a keep-alive connection after a complete body races with the client's next request on it);
+3. relay: the whole body here, or SSE chunk by chunk (``proxy/stream_relay.py``, which also says what
+   a failure after the first streamed byte does);
 4. ``finally``: ``Attempt.finish`` (lease, Router report, metrics, the breaker's verdict).
-If the client goes away (the handler is cancelled, or a write fails), the upstream connection is
-closed at once and ``POST /abort_request {"rid"}`` is sent in the background when the rid is known.
-An optional ``Tap`` sees the relayed answer (the whole body, or each SSE chunk as it passes): the
-response cache's capture (``proxy/response_capture.py``).
+If the client goes away, the upstream connection is closed and the rid aborted
+(``proxy/stream_relay.py``). An optional ``Tap`` sees the relayed answer (the whole body, or each SSE
+chunk as it passes): the response cache's capture (``proxy/response_capture.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
 from aiohttp import web
@@ -39,29 +33,15 @@ from multidict import CIMultiDict
 from proxy.access_log import access_of
 from proxy.attempt import Attempt, Tap
 from proxy.context import Gateway
-from proxy.errors import (
-    NoReplicaAvailable,
-    UpstreamError,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-    openai_error_body,
-)
-from proxy.relay import (
-    SSESniffer,
-    body_usage,
-    end_body,
-    first_event_error,
-    forward_headers,
-    relay_stream,
-    response_headers,
-)
+from proxy.errors import NoReplicaAvailable, UpstreamError, UpstreamUnavailable, openai_error_body
+from proxy.relay import body_usage, forward_headers, response_headers
 from proxy.retry_budget import backoff_s
+from proxy.stream_relay import relay_sse, watched
 from proxy.types import ParsedRequest, Route
 from routing.router import Ticket
 from routing.types import Decision, ReplicaId
 
 __all__ = ["Tap", "forward", "request_id"]
-log = logging.getLogger("kvroute.forward")
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
 
 
@@ -160,7 +140,7 @@ async def _try(
     can_retry: bool,
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
-    with _watched(gw, a, None, parsed):
+    with watched(gw, a, None, parsed):
         resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.deadline)
     try:
         if resp.status >= 500:
@@ -172,8 +152,8 @@ async def _try(
         extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
         out_headers = response_headers(resp.headers, extra)
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-            return await _relay_sse(request, gw, a, resp, out_headers, parsed)
-        with _watched(gw, a, resp, parsed):
+            return await relay_sse(request, gw, a, resp, out_headers, parsed)
+        with watched(gw, a, resp, parsed):
             body = await gw.up.read(resp, a.deadline)
         a.whole_body()
         a.ok = resp.status < 400
@@ -210,98 +190,3 @@ def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:
     gw.retry_budget.refused()
     gw.metrics.retry_budget_exhausted.labels(parsed.route.value).inc()
     return False
-
-
-async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, parsed: ParsedRequest) -> bytes:
-    """A stream's first chunk, by the attempt's deadline: until it came, the request can move on."""
-    with _watched(gw, a, resp, parsed):
-        chunk = await gw.up.next_chunk(resp, a.deadline, first=True)
-        if not chunk:
-            raise UpstreamUnavailable("stream ended before its first byte", retryable=True)
-        if (code := first_event_error(chunk)) is not None and code >= 500:
-            raise UpstreamUnavailable(f"stream began with an error event ({code})", retryable=True)
-    return chunk
-
-
-@contextlib.contextmanager
-def _watched(
-    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, parsed: ParsedRequest
-) -> Iterator[None]:
-    """Before a byte reached the client: a replica failure is counted (and a timed-out request
-    abandoned), a client that left closes the upstream request; both propagate."""
-    try:
-        yield
-    except UpstreamError as e:
-        _upstream_failed(gw, a, e, resp, parsed.rid)
-        raise
-    except asyncio.CancelledError:
-        _client_gone(gw, a, resp, parsed.rid, parsed.route.value)
-        raise
-
-
-async def _relay_sse(
-    request: web.Request,
-    gw: Gateway,
-    a: Attempt,
-    resp: aiohttp.ClientResponse,
-    headers: CIMultiDict[str],
-    parsed: ParsedRequest,
-) -> web.StreamResponse:
-    first = await _first_chunk(gw, a, resp, parsed)
-    out = web.StreamResponse(status=resp.status, headers=headers)
-    await out.prepare(request)
-    sniffer = SSESniffer()
-    chunks = _prepend(first, gw.up.chunks(resp, gw.deadlines.idle_s()))
-    if a.tap is not None:
-        chunks = a.tap.stream(resp.status, chunks)
-    try:
-        await relay_stream(out, chunks, sniffer, a.first_byte)
-        if resp.status < 400 and parsed.route is not Route.PASSTHROUGH and not sniffer.saw_done:
-            raise UpstreamUnavailable("stream ended before [DONE]", retryable=False)
-        a.ok = resp.status < 400
-        a.verdict = a.verdict if resp.status >= 500 else True
-    except UpstreamError as e:
-        log.warning("stream from %s failed after its first byte: %s", a.replica, e.message)
-        gw.metrics.stream_errors.labels(a.replica).inc()
-        a.failed(e.code or "stream_error")
-        _abandon(gw, a, resp, sniffer.rid or parsed.rid)
-        await out.write(e.to_sse())  # then a clean end: the client's keep-alive connection stays usable
-    except (asyncio.CancelledError, ConnectionResetError):
-        _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)
-        raise
-    finally:
-        a.usage = sniffer.usage()
-    await end_body(out)
-    return out
-
-
-async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    yield first
-    async for chunk in rest:
-        yield chunk
-
-
-def _upstream_failed(
-    gw: Gateway, a: Attempt, e: UpstreamError, resp: aiohttp.ClientResponse | None, rid: str | None
-) -> None:
-    """The replica failed before a byte reached the client: counted; a timed-out request is abandoned."""
-    gw.metrics.upstream_errors.labels(a.replica, e.code or "error").inc()
-    a.failed(e.code or "upstream_error")
-    if isinstance(e, UpstreamTimeout):
-        log.warning("%s; trying another replica", e.message)
-        _abandon(gw, a, resp, rid)
-
-
-def _abandon(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None) -> None:
-    """Closes the upstream connection now; asks the replica to abort ``rid`` in the background."""
-    if resp is not None:
-        resp.close()
-    if rid is not None:
-        gw.background.spawn(gw.up.abort(a.replica, rid))
-
-
-def _client_gone(
-    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse | None, rid: str | None, route: str
-) -> None:
-    gw.metrics.disconnects.labels(route).inc()
-    _abandon(gw, a, resp, rid)

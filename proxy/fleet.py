@@ -15,11 +15,9 @@
   requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
   false), a half-open one lets one trial through (``admit``). A good active check closes a half-open
   breaker; a replica that comes back from unhealthy, or restarted, starts with a closed one.
-- Load: each routed request takes a ``Lease`` on a ``proxy.load.Work``: queued prefill work (tokens and
-  predicted seconds) until its first byte arrives, then a decoding slot; ``release`` (in the handler's
-  ``finally``) undoes whatever is left, exactly once. Snapshots report the load in work
-  (``proxy/load.py``), at the instant they are taken, queued prefill priced at each replica's current
-  learned rate (``pricing``: the gateway passes the router's rate book).
+- Load: ``acquire`` gives each routed request a ``Lease`` on its replica's load and ``snapshot`` the
+  routing view of every replica serving a model (``proxy/replica.py``: the replica record, its
+  snapshot in work priced at its current learned rate, and the lease).
 """
 
 from __future__ import annotations
@@ -28,133 +26,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from proxy.breaker import Breaker, BreakerPolicy
+from proxy.breaker import BreakerPolicy
 from proxy.errors import UpstreamError
 from proxy.health_log import HealthLog
-from proxy.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, TrafficEpoch, Work, combined
-from proxy.replica_info import ReplicaInfo, parse_replica_info
+from proxy.load import TrafficEpoch, Work
+from proxy.replica import Lease, Pricing, Replica, nothing
+from proxy.replica_info import parse_replica_info
 from proxy.upstream import Upstream
 from routing.tiers import tier_warnings
 from routing.types import ReplicaId, ReplicaState
 
 log = logging.getLogger("kvroute.fleet")
-Pricing = Callable[[ReplicaId], float]  # a replica's current seconds per prefill token (0: unknown)
 FAILURE_THRESHOLD = 2
 INFO_REFRESH_CHECKS = 12
 HEALTH_TIMEOUT_S = 5.0
 
 
-class Replica:
-    """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
-
-    __slots__ = (
-        "breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "pricing", "remote",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        url: str,
-        window_s: float = DEFAULT_WINDOW_S,
-        epoch: TrafficEpoch | None = None,
-        breaker: BreakerPolicy | None = None,
-        pricing: Pricing | None = None,
-    ) -> None:
-        self.id: ReplicaId = url.rstrip("/")
-        self.pricing = pricing or _unpriced  # its current seconds per prefill token (proxy/load.py)
-        self.info: ReplicaInfo | None = None
-        self.healthy = False
-        self.draining = False
-        self.failures = 0
-        self.load = ReplicaLoad(window_s, epoch or TrafficEpoch())
-        self.remote: LoadView | None = None  # other gateways' load on it (proxy/state_sync.py)
-        self.last_error: str | None = None
-        self.breaker = Breaker(breaker)
-
-    @property
-    def inflight_requests(self) -> int:
-        return len(self.load.queue) + len(self.load.decoding)
-
-    def state(self, now: float | None = None) -> ReplicaState:
-        i = self.info
-        now = time.monotonic() if now is None else now
-        load = self.load.view(now, i.max_running_requests if i else 0, self.pricing(self.id))
-        if self.remote is not None:
-            load = combined(load, self.remote)
-        return ReplicaState(
-            id=self.id,
-            healthy=self.healthy and i is not None and self.breaker.admits(now),
-            draining=self.draining,
-            inflight_requests=load.inflight_requests,
-            inflight_prefill_tokens=load.inflight_prefill_tokens,
-            inflight_prefill_s=load.inflight_prefill_s,
-            decoding=load.decoding,
-            arrival_rate=load.arrival_rate,
-            utilization=load.utilization,
-            gpu_tokens=i.gpu_tokens if i else 0,
-            host_tokens=i.host_tokens if i else 0,
-            storage_tokens=i.storage_tokens if i else 0,
-            page_size=i.page_size if i else 1,
-            write_policy=i.write_policy if i else None,
-            hybrid=i.hybrid if i else False,
-            resume_interval=i.resume_interval if i else 0,
-            resume_at_end=i.resume_at_end if i else True,
-            max_running_requests=i.max_running_requests if i else 0,
-            started_at=i.started_at if i else 0.0,
-        )
-
-    def status(self) -> dict[str, Any]:
-        i = self.info
-        return {
-            "id": self.id,
-            "healthy": self.healthy,
-            "draining": self.draining,
-            "model": i.served_model if i else None,
-            "inflight_requests": self.inflight_requests,
-            "inflight_prefill_tokens": self.load.queued_tokens,
-            "gpu_tokens": i.gpu_tokens if i else None,
-            "host_tokens": i.host_tokens if i else None,
-            "page_size": i.page_size if i else None,
-            "write_policy": i.write_policy if i else None,
-            "hybrid": i.hybrid if i else None,
-            "started_at": i.started_at if i else None,
-            "last_error": self.last_error,
-            "breaker": self.breaker.status(time.monotonic()),
-            "warnings": list(tier_warnings(self.state())) if i else [],
-        }
-
-
-def _unpriced(replica: ReplicaId) -> float:
-    """No current rate: queued work keeps the price it was routed with."""
-    return 0.0
-
-
-def _nothing() -> None:
-    pass
-
-
 def _nobody(replica: ReplicaId) -> None:
     pass
-
-
-class Lease:
-    """One request's share of a replica's load; ``first_token`` and ``release`` are idempotent. Every
-    change calls ``changed`` (the shared-state publisher's kick, ``proxy/state_sync.py``)."""
-
-    __slots__ = ("changed", "replica", "work")
-
-    def __init__(self, replica: Replica, work: Work, changed: Callable[[], None] = _nothing) -> None:
-        self.replica, self.work, self.changed = replica, work, changed
-        replica.load.add(work)
-
-    def first_token(self) -> None:
-        self.replica.load.first_token(self.work, time.monotonic())
-        self.changed()
-
-    def release(self) -> None:
-        self.replica.load.release(self.work, time.monotonic())
-        self.changed()
 
 
 class Fleet:
@@ -176,7 +66,7 @@ class Fleet:
         self._health = HealthLog(health_interval)
         self._checks = 0
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
-        self.load_changed: Callable[[], None] = _nothing  # called when a lease's load changes
+        self.load_changed: Callable[[], None] = nothing  # called when a lease's load changes
         self.live_arrived: Callable[[ReplicaId], None] = _nobody  # a live request sent to a replica
         for url in urls:
             self.add(url)

@@ -35,8 +35,8 @@ import zmq.asyncio
 from aiohttp import web
 
 from proxy.context import GATEWAY, Gateway
-from proxy.fleet import Replica
 from proxy.kv_feed import KvFeed, connect_endpoint, publisher_binds, stop
+from proxy.replica import Replica
 from routing.kv_events import EventBatch
 from routing.types import ReplicaId
 

@@ -6,7 +6,7 @@ Top level: ``time`` (epoch seconds), ``policy``, ``healthy_replicas``, ``replica
 ``proxy.history.Outcome``), ``scrape_interval_s``, and one key per section other modules registered
 (``GatewayMetrics.register_section``; the warm-up API's ``warmup``).
 
-Per replica, next to its membership and pools (``proxy.fleet.Replica.status``):
+Per replica, next to its membership and pools (``proxy.replica.Replica.status``):
 
 - ``load``: requests in flight, queued prefill work in seconds and tokens, utilization, arrival rate
   (``proxy/load.py``, at this instant);
@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from proxy.context import Gateway
-from proxy.fleet import Replica
+from proxy.replica import Replica
 from proxy.replica_metrics import TIERS, ReplicaScraper
 from routing.status import ReplicaView, TierView
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fleet import Replica
+from proxy.replica import Replica
 from proxy.replica_info import UNCHUNKED_INTERVAL, parse_replica_info
 
 HYBRID = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}

@@ -24,7 +24,7 @@ from proxy.access_log import Access
 from proxy.context import Gateway
 from proxy.load import Work
 from proxy.types import ParsedRequest, Usage
-from routing.router import Ticket
+from routing.ledger import Ticket
 from routing.types import ReplicaId, Report
 
 

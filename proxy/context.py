@@ -34,8 +34,9 @@ from proxy.settings import Settings
 from proxy.tokenizer import PromptTokenizer
 from proxy.types import ParsedRequest
 from proxy.upstream import Upstream
+from routing.ledger import Ticket
 from routing.pipeline import NoCandidates
-from routing.router import Router, Ticket
+from routing.router import Router
 
 log = logging.getLogger("kvroute.gateway")
 

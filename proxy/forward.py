@@ -38,7 +38,7 @@ from proxy.relay import body_usage, forward_headers, response_headers
 from proxy.retry_budget import backoff_s
 from proxy.stream_relay import relay_sse, watched
 from proxy.types import ParsedRequest, Route
-from routing.router import Ticket
+from routing.ledger import Ticket
 from routing.types import Decision, ReplicaId
 
 __all__ = ["Tap", "forward", "request_id"]

@@ -71,7 +71,7 @@ from routing.calibration import AccuracyStats
 from routing.types import Report
 
 if TYPE_CHECKING:
-    from routing.router import Ticket
+    from routing.ledger import Ticket
 
 log = logging.getLogger("kvroute.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -30,8 +30,8 @@ from proxy.errors import NoReplicaAvailable, NotFound
 from proxy.handlers import read_body
 from proxy.openai import parse_request
 from proxy.types import ParsedRequest, Route
+from routing.ledger import Preview
 from routing.pipeline import NoCandidates
-from routing.router import Preview
 from routing.types import TtftTerms
 
 ROUTES = {"v1/chat/completions": Route.CHAT, "v1/completions": Route.COMPLETIONS, "generate": Route.GENERATE}

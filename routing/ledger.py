@@ -18,15 +18,33 @@ This keeps rollbacks from removing the ancestors of blocks that stay, so the tie
 
 **Open tickets.** ``OpenTickets`` bounds the tickets handed out and not yet finished (a caller that loses
 one must not leak memory): beyond ``limit`` the oldest is returned to be settled as if it ran.
+
+A ``Ticket`` (one routed request, from ``Router.route`` to ``Router.finish``) carries everything its
+outcome needs: the routing request, the decision, a typed ``Prediction`` (the match and the TTFT terms on
+the replica that will serve it), the candidates it was routed on (for a retry) and the cache model's
+receipt. A ``Preview`` is a decision not taken (``Router.preview``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import compress, islice, repeat
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
-from routing.types import BlockHash, ReplicaId
+from routing.types import (
+    BlockHash,
+    Candidate,
+    Decision,
+    Prediction,
+    PrefixMatch,
+    ReplicaId,
+    RoutingRequest,
+    TtftTerms,
+)
+
+if TYPE_CHECKING:
+    from routing.cache_model import Recorded
 
 T = TypeVar("T")
 
@@ -129,3 +147,32 @@ class OpenTickets(Generic[T]):
 
     def close(self, serial: int) -> T | None:
         return self._open.pop(serial, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """A decision not taken: where ``route`` would send a request, what it expects to find there (the
+    cache model's match and the TTFT terms) and the request's estimated prompt tokens."""
+
+    decision: Decision
+    match: PrefixMatch
+    terms: TtftTerms | None
+    prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """One routed request on one replica, from ``route`` (or ``retarget``) to ``finish``."""
+
+    serial: int
+    request: RoutingRequest
+    decision: Decision
+    prediction: Prediction
+    candidates: tuple[Candidate, ...]  # the snapshot it was routed on, for retargeting
+    canonical_bytes: int = 0  # size of the rendered text prompt, 0 when there is nothing to learn from
+    recorded: Recorded | None = None
+    prompted: bool = True  # it had a prompt (a generation request), not a pass-through body
+
+    @property
+    def replica(self) -> ReplicaId:
+        return self.decision.replica

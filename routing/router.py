@@ -38,18 +38,18 @@ Pure and synchronous: no I/O, no clock, no environment.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import xxhash
 
-from routing.cache_model import CacheModel, Recorded
+from routing.cache_model import CacheModel
 from routing.calibration import AccuracyStats
 from routing.canonical import namespace_salt, render
 from routing.config import RoutingConfig
 from routing.exact import KvMode
 from routing.hashing import block_hashes, token_block_hashes
 from routing.kv_events import EventBatch
-from routing.ledger import OpenTickets
+from routing.ledger import OpenTickets, Preview, Ticket
 from routing.pipeline import Choice
 from routing.policies.factory import build_policy
 from routing.prompt import PromptRequest, TokenPrompt
@@ -76,35 +76,6 @@ from routing.warm_placement import rank_for_warmup
 
 MAX_OPEN = 8192  # tickets open at once; the oldest beyond are settled as if they ran
 RESIZE_FRACTION = 0.1  # the cache model is re-sized when the token estimate moves by more than this
-
-
-@dataclass(frozen=True, slots=True)
-class Preview:
-    """A decision not taken: where ``route`` would send a request, what it expects to find there (the
-    cache model's match and the TTFT terms) and the request's estimated prompt tokens."""
-
-    decision: Decision
-    match: PrefixMatch
-    terms: TtftTerms | None
-    prompt_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Ticket:
-    """One routed request on one replica, from ``route`` (or ``retarget``) to ``finish``."""
-
-    serial: int
-    request: RoutingRequest
-    decision: Decision
-    prediction: Prediction
-    candidates: tuple[Candidate, ...]  # the snapshot it was routed on, for retargeting
-    canonical_bytes: int = 0  # size of the rendered text prompt, 0 when there is nothing to learn from
-    recorded: Recorded | None = None
-    prompted: bool = True  # it had a prompt (a generation request), not a pass-through body
-
-    @property
-    def replica(self) -> ReplicaId:
-        return self.decision.replica
 
 
 class Router:

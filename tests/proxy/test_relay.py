@@ -15,7 +15,7 @@ import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from routing.router import Ticket
+from routing.ledger import Ticket
 from routing.types import Report
 from tests.conftest import sha256
 from tests.proxy.conftest import ADMIN, MODEL, SYSTEM, Stack, StackFactory, post, wait_for

@@ -181,7 +181,7 @@ class CacheModel:
         out: dict[ReplicaId, PrefixMatch] = {}
         if not hashes:
             return out
-        known, reverse, to_tokens = self._replicas, hashes[::-1], reused_prefix
+        known, reverse = self._replicas, hashes[::-1]
         for state in replicas:
             r = known.get(state.id)
             if r is None:
@@ -189,7 +189,7 @@ class CacheModel:
             g, h, s = r.tiers.runs(hashes, reverse)
             if g or h or s:
                 resume = resume_limit(req, r.state, r.ends, g + h + s) if state.resume_interval > 0 else inf
-                out[state.id] = to_tokens(req, g, h, s, resume)
+                out[state.id] = reused_prefix(req, g, h, s, resume)
         return out
 
     def record(self, req: RoutingRequest, replica: ReplicaId) -> Recorded | None:

@@ -48,7 +48,7 @@ class RoutingConfig:
     default_new_tokens: int = 256  # assumed output length when the request sets no max tokens
 
     # placement (routing.placement): the delay a request imposes on the ones arriving behind it on a
-    # replica grows like 1 / (1 - ρ), ρ its utilization above the least utilized replica's; ρ is capped here
+    # replica grows like 1 / (1 - utilization); utilization is capped here
     max_utilization: float = 0.95
 
     # new sessions avoid replicas holding more than this multiple of the fewest sessions any replica

@@ -6,9 +6,9 @@ arrive at r while q's work is still ahead of it the time q's work takes. With, f
     x   = q's own work there: prefill of its uncached tokens + reload of its host/storage tokens (s)
     W   = the work already queued ahead of it, prefill and running-slot wait (s)  (routing.ttft)
     λ   = the rate of requests recently routed to r (1/s)
-    ρ   = r's recent prefill utilization above the least utilized candidate's, u(r) - min u: u is the
-          measured fraction of time its engine spent serving prefills (from the first bytes,
-          proxy/load.py), bias-corrected at start-up; ρ is capped at max_utilization (0.95)
+    ρ   = r's recent prefill utilization: the measured fraction of time its engine spent serving
+          prefills (from the first bytes, proxy/load.py), bias-corrected at start-up, capped at
+          max_utilization (0.95)
 
 the delay q imposes on the others is x for each request arriving before r's backlog W + x has drained;
 by the M/G/1 busy-period argument that is λ (W + x) / (1 - ρ) requests. The placement cost is
@@ -23,25 +23,12 @@ Why this beats both greedy and sticky routing:
   hits spread and its copies multiply. In the cost above a hit's x is small (a reload, a few question
   tokens), so it adds little for anyone; a cold copy's x is a whole document, which a busy replica
   (large λ, ρ) pays for many times. A document is replicated only when its holder's own queue
-  outweighs that, i.e. when the holder nears saturation while another replica has room: 1 / (1 - ρ)
-  grows without bound as the holder's utilization rises above the idlest replica's.
+  outweighs that, i.e. when the holder approaches saturation: 1 / (1 - ρ) grows without bound there.
 - **Sticky** routing (sglang-router's cache_aware) keeps hits on their holder until request counts are
   badly imbalanced, so a popular document's holder saturates while others idle, and it places misses by
   request counts, which count decoding requests that hold up no prefill. Here the holder's saturation
   is priced in time, and misses go where the work they add delays the fewest requests: at low load
   (λ → 0) the cost is ttft, i.e. greedy, which is right when capacity is free.
-
-Why ρ is the utilization above the least utilized replica's: 1 / (1 - ρ) stretches q's work by the
-work that keeps arriving at r while it is queued there, but in a fleet that work was the router's to
-place: what a busy period on r costs beyond placing the same work on the idlest replica is set by the
-load r carries above it. Where some replica is idle (low and moderate load) this is u(r) itself. Where
-every replica is busy, the absolute utilization read 0.9-1.0 on all four (mixed traffic at load 0.9,
-where a burst of cold documents alone was 3.8x the fleet's capacity), so 1 / (1 - ρ) sat at its 20x cap
-on each and told them apart by λ alone, and the short chats queued behind documents wherever they went;
-measured above the idlest replica it tells them apart by how much busier each is than the rest. It
-still counts work, not requests: a replica whose documents keep it busier than the others reads ρ > 0,
-so new documents go elsewhere and do not gather on it (λ counts requests, which the many short requests
-that avoid such a replica keep low there). ``bench/README.md`` has the variants this was chosen from.
 
 Requests that are only decoding add nothing to W, λ's work or ρ: they hold up no prefill. They count only
 through the running slots (``routing.ttft.slot_wait_s``). Sessions and tie-breaks are the pickers'
@@ -50,17 +37,12 @@ business (``routing.policies.cost``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from routing.protocols import Scored, Stage
 from routing.rates import RateBook
 from routing.ttft import predict_ttft
-from routing.types import Candidate, ReplicaState, RoutingRequest
-
-
-def least_utilization(states: Iterable[ReplicaState]) -> float:
-    """min u over the candidates: what ρ is measured above (module docstring); 0 for none."""
-    return min((s.utilization for s in states), default=0.0)
+from routing.types import Candidate, RoutingRequest
 
 
 def imposed_delay_s(x: float, wait: float, arrival_rate: float, utilization: float, cap: float) -> float:
@@ -72,7 +54,7 @@ def imposed_delay_s(x: float, wait: float, arrival_rate: float, utilization: flo
 
 
 class PlacementScorer(Stage):
-    """cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ), ρ = u(r) - min u (seconds; module docstring)."""
+    """cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ) (seconds; see the module docstring)."""
 
     name = "placement"
 
@@ -83,12 +65,11 @@ class PlacementScorer(Stage):
 
     def score(self, req: RoutingRequest, cands: Sequence[Candidate]) -> list[Scored]:
         rates, tokens, cap = self._rates.get, self._default_tokens, self._cap
-        idlest = least_utilization(c.state for c in cands)
         out: list[Scored] = []
         append = out.append
         for c in cands:
             t = predict_ttft(req, c, rates(c.state.id), tokens)
             st, x = c.state, t.prefill_s + t.reload_s
-            extra = imposed_delay_s(x, t.queue_s, st.arrival_rate, st.utilization - idlest, cap)
+            extra = imposed_delay_s(x, t.queue_s, st.arrival_rate, st.utilization, cap)
             append(Scored(c, t.queue_s + x + t.overhead_s + extra, t))
         return out

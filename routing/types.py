@@ -69,7 +69,7 @@ class ReplicaState:
     decoding: tuple[tuple[float, int], ...] = ()  # (s decoded, output budget) per decoding request, only
     # filled when the running slots are full (max_running_requests): when a slot frees is then a term
     arrival_rate: float = 0.0  # requests routed there per second, recently
-    utilization: float = 0.0  # measured fraction of time its prefill engine was busy, recently
+    utilization: float = 0.0  # predicted prefill seconds routed there per second, recently
     gpu_tokens: int = 0  # device KV pool capacity (max_total_num_tokens)
     host_tokens: int = 0  # HiCache host pool capacity, 0 when HiCache is off
     storage_tokens: int = 0  # L3 storage capacity, 0 when there is none

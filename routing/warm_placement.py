@@ -8,8 +8,7 @@ that may serve the model is ranked by
 
 (``warmed(r)``: tokens of the documents already warmed there and still alive, which the proxy's warm-up
 registry knows), lowest first, then by the placement cost of computing the document there
-(``routing.placement``: its queue and the delay it would impose on live traffic, ρ measured above the
-least utilized of these replicas), then by id. A replica
+(``routing.placement``: its queue and the delay it would impose on live traffic), then by id. A replica
 that already holds the document (at least 90% of it in some tier, per the cache model) is ranked first,
 as its warm-up costs almost nothing. So documents fill the fleet's GPU and host pools evenly; beyond
 their sum they still go to the least filled replicas (the LRU there drops the oldest warm documents,
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from routing.placement import imposed_delay_s, least_utilization
+from routing.placement import imposed_delay_s
 from routing.rates import RateBook
 from routing.tiers import host_reusable
 from routing.types import PrefixMatch, ReplicaId, ReplicaState, RoutingRequest
@@ -51,13 +50,16 @@ def rank_for_warmup(
         m = matches.get(s.id)
         held = m is not None and m.total_tokens >= HELD_FRACTION * req.prompt_tokens
         fill = (warmed.get(s.id, 0.0) + req.prompt_tokens) / max(reusable_tokens(s), 1.0)
-        return (not held, fill, _compute_cost(req, s, rates, s.utilization - idlest, max_utilization), s.id)
+        return (not held, fill, _compute_cost(req, s, rates, max_utilization), s.id)
 
     usable = [s for s in states if s.healthy and not s.draining]
-    idlest = least_utilization(usable)
     return [s.id for s in sorted(usable, key=key)]
 
 
-def _compute_cost(req: RoutingRequest, s: ReplicaState, rates: RateBook, rho: float, cap: float) -> float:
+def _compute_cost(req: RoutingRequest, s: ReplicaState, rates: RateBook, cap: float) -> float:
     x = req.prompt_tokens / rates.get(s.id).prefill_tokens_per_s
-    return s.inflight_prefill_s + x + imposed_delay_s(x, s.inflight_prefill_s, s.arrival_rate, rho, cap)
+    return (
+        s.inflight_prefill_s
+        + x
+        + imposed_delay_s(x, s.inflight_prefill_s, s.arrival_rate, s.utilization, cap)
+    )

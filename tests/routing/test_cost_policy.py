@@ -9,10 +9,9 @@ import pytest
 from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
 from routing.pipeline import NoCandidates
-from routing.placement import PlacementScorer, imposed_delay_s, least_utilization
+from routing.placement import imposed_delay_s
 from routing.policies.cost import LoadTiePicker, SessionPicker
 from routing.protocols import Scored
-from routing.rates import RateBook
 from routing.ttft import slot_wait_s
 from routing.types import NO_MATCH, Candidate, PrefixMatch, Reason, ReplicaState, Report, RoutingRequest
 from tests.routing.harness import PolicyHarness
@@ -72,41 +71,6 @@ def cand(
 )
 def test_imposed_delay_formula(x: float, wait: float, rate: float, util: float, expected: float) -> None:
     assert imposed_delay_s(x, wait, rate, util, cap=0.95) == pytest.approx(expected)
-
-
-@pytest.mark.parametrize(
-    ("utils", "rhos"),
-    [
-        ((0.0, 0.0), (0.0, 0.0)),
-        ((0.9, 0.3), (0.6, 0.0)),  # rho: the utilization above the least utilized replica's
-        ((0.95, 0.95, 0.9), (0.05, 0.05, 0.0)),  # a saturated fleet: told apart by what differs
-        ((0.5,), (0.0,)),
-    ],
-)
-def test_rho_is_the_utilization_above_the_least_utilized_candidate_s(
-    utils: tuple[float, ...], rhos: tuple[float, ...]
-) -> None:
-    """Each candidate's placement term, x = 1.525 s (6100 tokens at 4000/s), lambda 2, W 0, is priced
-    with rho = u - min u."""
-    states = [ReplicaState(f"r{i}", arrival_rate=2.0, utilization=u) for i, u in enumerate(utils)]
-    assert least_utilization(states) == min(utils)
-    scored = PlacementScorer(RateBook(CFG), 64, 0.95).score(
-        req(6100), [Candidate(s, NO_MATCH) for s in states]
-    )
-    x = 6100 / 4000.0
-    for s, rho in zip(scored, rhos, strict=True):
-        assert s.cost - s.terms.total == pytest.approx(imposed_delay_s(x, 0.0, 2.0, rho, 0.95))
-
-
-def test_a_saturated_fleet_no_longer_prices_every_request_at_the_cap() -> None:
-    """Every replica 95% busy (a burst of cold documents). r0 has 3 s of documents queued and few
-    arrivals; r1, where the short chats go, 1 s and ten times the arrivals. A short prompt (0.1 s of
-    work) belongs on r1. The absolute rho priced it 20x on both: 0.1 x 10 x 1.1 x 20 = 22 s on r1
-    against 6.2 s on r0, so it queued behind the documents; measured above the idlest, rho is 0 on both
-    and r1 costs 2.2 s against 3.4 s. A 16K document still goes where it delays the fewest (r0)."""
-    busy = [cand(r, queued_s=q, rate=r_, util=0.95) for r, q, r_ in (("r0", 3.0, 1.0), ("r1", 1.0, 10.0))]
-    assert CostPolicy().route(req(400), busy).replica == "r1"
-    assert CostPolicy().route(req(16_000), busy).replica == "r0"  # x lambda (W + x): 4x1x7 < 4x10x5
 
 
 @pytest.mark.parametrize(

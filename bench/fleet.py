@@ -174,12 +174,14 @@ class Counters:
     requests: int
     host_loaded: int  # tokens loaded back from the host tier (load_back_tokens_total)
     storage_loaded: int  # tokens prefetched from storage (prefetched_tokens_total)
+    lost: int = 0  # cached when a request arrived, evicted before its admission (arrival_lost_tokens_total)
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(
             self.requests - other.requests,
             self.host_loaded - other.host_loaded,
             self.storage_loaded - other.storage_loaded,
+            self.lost - other.lost,
         )
 
 
@@ -199,7 +201,8 @@ async def _counters(session: aiohttp.ClientSession, url: str) -> Counters | None
     cache = state.get("cache") if isinstance(state, dict) else None
     values = (_int(state, "requests_total"), _int(cache, "load_back_tokens_total"),
               _int(cache, "prefetched_tokens_total"))  # fmt: skip
-    return None if None in values else Counters(*(v or 0 for v in values))
+    lost = _int(state, "arrival_lost_tokens_total") or 0
+    return None if None in values else Counters(*(v or 0 for v in values), lost)
 
 
 async def replica_counters(urls: Sequence[str]) -> dict[str, Counters]:
@@ -227,3 +230,15 @@ def replica_work(
             start = min(rec.cached_tokens, max(0, rec.prompt_tokens - 1))
             work[rec.replica] = work.get(rec.replica, 0.0) + timing.prefill_seconds(start, rec.prompt_tokens)
     return work
+
+
+def cache_loss(records: Sequence[Record], counters: Mapping[str, Counters]) -> float:
+    """sum over requests of (cached at arrival - cached at admission, when positive) / sum prompt tokens
+    over the run (NaN without counters or requests): the share of prompt tokens a replica held when the
+    request arrived and evicted while it waited in the queue. A cache model that knew every replica's
+    cache exactly at the moment it routed (the most the replicas' KV events can tell it) still
+    over-predicts by this much unless it forecasts the engine's evictions."""
+    prompt = sum(r.prompt_tokens for r in records if r.ok)
+    if not counters or not prompt:
+        return float("nan")
+    return sum(c.lost for c in counters.values()) / prompt

@@ -32,7 +32,7 @@ import aiohttp
 
 from bench import floor, load, outages, plots, report, systems, workloads
 from bench.cpu import CpuMeter
-from bench.fleet import EmulatorFleet, FleetSpec, replica_counters, replica_work
+from bench.fleet import EmulatorFleet, FleetSpec, cache_loss, replica_counters, replica_work
 from bench.plan import TIME_SCALE_FACTOR, Point
 from bench.procs import NotReady, served_model
 from bench.progress import Progress
@@ -60,6 +60,7 @@ class RunResult:
     skipped: str = ""
     model_error: float = float("nan")
     foreign_cpu: float = float("nan")  # cores other processes used on average during the run
+    engine_loss: float = float("nan")  # bench.fleet.cache_loss: evicted under waiting requests
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +150,9 @@ async def _measure(prep: Prepared, system: systems.System, seed: int, logs: Path
     progress.close()
     delta = {r: after[r] - before[r] for r in after if r in before}
     per_replica = {r: c.requests for r, c in delta.items()}
-    return RunResult(
-        records, per_replica, replica_work(records, delta, prep.fleet.timing), model_error=model_error
-    )
+    work = replica_work(records, delta, prep.fleet.timing)
+    lost = cache_loss(records, delta)
+    return RunResult(records, per_replica, work, model_error=model_error, engine_loss=lost)
 
 
 def caption(name: str, point: Point, seeds: Sequence[int], offered: load.OfferedLoad) -> str:
@@ -200,7 +201,8 @@ async def run_seed(
             continue
         all_records[system.name] = result.records
         summaries.append(report.summarize(system.name, result.records, result.per_replica, result.work,
-                                          system.note, result.model_error, result.foreign_cpu))  # fmt: skip
+                                          system.note, result.model_error, result.foreign_cpu,
+                                          result.engine_loss))  # fmt: skip
     summaries.append(report.floor_summary(prep.ideal))
     md = report.write_results(target, name, meta(run, prep, point, [seed]), summaries, all_records, skipped,
                               caption(name, point, [seed], prep.offered))  # fmt: skip

@@ -90,6 +90,7 @@ class Summary:
     note: str = ""
     model_error: float = NAN  # kvroute: sum |predicted - reported cached| / sum prompt tokens
     foreign_cpu: float = NAN  # cores other processes on the machine used during the run (bench/cpu.py)
+    engine_loss: float = NAN  # evicted under waiting requests (bench.fleet.cache_loss)
 
 
 def tag_means(pairs: Sequence[tuple[str, float]]) -> dict[str, float]:
@@ -112,6 +113,7 @@ def summarize(
     note: str = "",
     model_error: float = NAN,
     foreign_cpu: float = NAN,
+    engine_loss: float = NAN,
 ) -> Summary:
     ok = [r for r in records if r.ok]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -125,7 +127,7 @@ def summarize(
         hit_ratio(records), len(ok) / span if span > 0 else 0.0, int(balance(loads)[0]),
         max_work if work else NAN, work_ratio, loads, dict(work or {}),
         tag_means([(r.tag, r.ttft_s or 0.0) for r in ok]), sum(r.capped for r in records), note,
-        model_error, foreign_cpu,
+        model_error, foreign_cpu, engine_loss,
     )  # fmt: skip
 
 
@@ -165,6 +167,7 @@ def aggregate(runs: Sequence[Sequence[Summary]]) -> list[Summary]:
                 {t: mean([r.by_tag[t] for r in rows]) for t in tags},
                 sum(r.capped for r in rows), "; ".join(sorted({r.note for r in rows if r.note})),
                 avg("model_error"), max((r.foreign_cpu for r in rows if r.foreign_cpu >= 0), default=NAN),
+                avg("engine_loss"),
             )
         )  # fmt: skip
     return out
@@ -238,6 +241,8 @@ def comparison(summaries: Sequence[Summary], subject: str = SUBJECT) -> str:
         )
     if me.model_error == me.model_error:
         parts.append(f"cache model error {me.model_error:.1%} of prompt tokens")
+    if me.engine_loss == me.engine_loss:
+        parts.append(f"{me.engine_loss:.1%} evicted under requests while they waited")
     return "; ".join(parts) + "."
 
 

@@ -87,6 +87,7 @@ class Engine:
         """Queue a request; `arrival` (loop time, default now) anchors its modelled timeline."""
         when = self._now() if arrival is None else min(arrival, self._now())
         ticket = Ticket(work=work, arrival=when)
+        self._estimate(ticket)  # the cache as it is now: arrival_cached, and the estimate from it
         self.waiting.append(ticket)
         self._wake.set()
         return ticket
@@ -242,7 +243,12 @@ class Engine:
         ticket.ready = min(ready, self._now())
         queue_s = (ticket.ready - ticket.arrival) / self.limits.time_scale
         pre = Prefilled(
-            adm.cached_tokens, adm.gpu_hit_tokens, adm.host_loaded_tokens, adm.storage_loaded_tokens, queue_s
+            adm.cached_tokens,
+            adm.gpu_hit_tokens,
+            adm.host_loaded_tokens,
+            adm.storage_loaded_tokens,
+            queue_s,
+            ticket.arrival_cached,
         )
         ticket.events.put_nowait(pre)
         self.listener.on_admit(queue_s, pre, len(work.prompt))
@@ -355,11 +361,13 @@ class Engine:
         self._wake.set()
 
     def _estimate(self, ticket: Ticket) -> float:
-        """A waiting request's modelled prefill + load seconds (matched once, then remembered)."""
+        """A waiting request's modelled prefill + load seconds (matched once, on arrival, then
+        remembered), and what the cache held of its prompt then (``Ticket.arrival_cached``)."""
         if ticket.est_prefill_s is None:
             prompt = ticket.work.prompt
             m = self.cache.match(prompt, self._key(ticket.work))
             cached = m.gpu_tokens + m.host_tokens + m.storage_tokens
+            ticket.arrival_cached = cached
             ttft = ttft_seconds(self.timing, len(prompt), cached, m.host_tokens, m.storage_tokens)
             ticket.est_prefill_s = ttft - self.timing.overhead_seconds()
         return ticket.est_prefill_s

@@ -42,6 +42,10 @@ class LiveCounters:
     generation_tokens_total: int = 0
     aborted_total: int = 0
     last_hit_rate: float = 0.0
+    # prompt tokens the cache held when a request arrived and no longer held when it was admitted: what
+    # was evicted under requests while they waited (a router that knew the cache exactly when it routed,
+    # and foresaw what its in-flight requests would add, still over-predicts by this much)
+    arrival_lost_tokens_total: int = 0
 
 
 class Metrics:
@@ -108,6 +112,7 @@ class Metrics:
         self.live.requests_total += 1
         self.live.prompt_tokens_total += prompt_tokens
         self.live.cached_tokens_total += prefilled.cached_tokens
+        self.live.arrival_lost_tokens_total += max(0, prefilled.arrival_cached - prefilled.cached_tokens)
         self.prompt_tokens.labels(self._model).inc(prompt_tokens)
         for source, value in (("device", prefilled.device), ("host", prefilled.host)):
             if value > 0:

@@ -165,6 +165,7 @@ async def emu_state(request: web.Request) -> web.Response:
         "requests_total": live.requests_total,
         "prompt_tokens_total": live.prompt_tokens_total,
         "cached_tokens_total": live.cached_tokens_total,
+        "arrival_lost_tokens_total": live.arrival_lost_tokens_total,
         "aborted_total": live.aborted_total,
         "abort_requests": replica.aborts.to_json(),
         "startup_time": replica.startup_time,

@@ -32,6 +32,7 @@ class Prefilled:
     host: int
     storage: int
     queue_s: float  # modelled seconds waited before admission
+    arrival_cached: int = 0  # what the cache held of the prompt when the request arrived (all tiers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,7 @@ class Ticket:
     work: Work
     arrival: float
     est_prefill_s: float | None = None  # modelled prefill + load seconds, computed when first needed
+    arrival_cached: int = 0  # prompt tokens the cache held (GPU + host + storage) when it arrived
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     admission: Admission | None = None
     pos: int = 0

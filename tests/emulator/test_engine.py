@@ -256,3 +256,26 @@ def test_cli_serves_n_replicas_with_one_ready_line_each() -> None:
                 assert json.load(resp)["data"][0]["owned_by"] == "sglang"
         warnings = [line for line in fleet.log_text().splitlines() if "--some-sglang-flag" in line]
     assert len(warnings) == 1
+
+
+async def test_the_tokens_a_waiting_request_lost_to_evictions_are_counted(
+    emulator: StartEmu, http: aiohttp.ClientSession
+) -> None:
+    """`arrival_lost_tokens_total` (/_emu/state): a request that found its prefix cached on arrival
+    and lost it to an eviction while it waited counts that prefix; one that kept it, or found more
+    cached at admission than on arrival (a request ahead of it inserted its prompt), counts nothing."""
+    flags = ("--max-running-requests", "1", "--max-total-tokens", "3000", "--emu-time-scale", "0.05")
+    emu = await emulator(*flags, "--page-size", "1", "--emu-debug")
+    prefix = list(range(1, 1001))
+    log: list[str] = []
+    await _stream(http, emu, _body(prefix, 1), log, "p")  # cached, unlocked once finished
+    await _stream(http, emu, _body([*prefix, 7], 1), log, "hit")  # kept it: nothing lost
+    running = asyncio.create_task(_stream(http, emu, _body(list(range(5000, 5500)), 40), log, "x"))
+    await _until(lambda: "x:first" in log)
+    long = asyncio.create_task(_stream(http, emu, _body(list(range(6000, 8000)), 1), log, "long"))
+    await _until(lambda: len(emu.replica.engine.waiting) == 1)
+    lost = asyncio.create_task(_stream(http, emu, _body([*prefix, 9], 1), log, "lost"))
+    await asyncio.gather(running, long, lost)
+    async with http.get(f"{emu.url}/_emu/state") as resp:
+        state = await resp.json()
+    assert state["arrival_lost_tokens_total"] == len(prefix)  # "long" evicted it before "lost" ran

@@ -93,6 +93,7 @@ SECTION_HEAD = """## Fleet benchmark
     kvroute bench --matrix             # every workload x every system (10), seeds' profile, load 0.6, seed 1
     kvroute bench rag rag_user --load 0.3,0.9 --profile h200 --seeds 1,2 --systems kvroute-cost,oracle
     kvroute bench hot --quick          # small and fast, under /tmp/kvroute-bench-quick, README untouched
+    python -m bench.ab HEAD~1 HEAD rag:0.6 mixed:0.9 agent --seeds 1,2,3   # two revisions side by side
 
 The default plan (`bench/plan.py`): workloads rag, rag_user, mixed, hot and noreuse on the seeds'
 profile (`rtx3090x2`) at offered load 0.6 as the mean of seeds 1-3 and at loads 0.3 and 0.9 with seed

@@ -79,29 +79,33 @@ def gateway(name: str, code: Path, with_events: bool) -> systems.System:
     return systems.System(f"kvroute-{name}", command, {"PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"})
 
 
-def row(label: str, seed: int, system: str, result: point.RunResult) -> dict[str, Any]:
-    """One run's line of ab.jsonl (a system that never became ready: its reason, no figures)."""
+def row(pair: int, label: str, seed: int, system: str, result: point.RunResult) -> dict[str, Any]:
+    """One run's line of ab.jsonl (a system that never became ready: its reason, no figures); `pair`
+    numbers the point-and-seed the two revisions ran (a point may be given more than once)."""
     if result.records is None:
-        return {"point": label, "seed": seed, "system": system, "skipped": result.skipped, "mean": None}
+        return {"pair": pair, "point": label, "seed": seed, "system": system, "skipped": result.skipped,
+                "mean": None}  # fmt: skip
     s = report.summarize(system, result.records or [], result.per_replica, result.work, "",
                          result.model_error, result.foreign_cpu)  # fmt: skip
-    return {"point": label, "seed": seed, "system": system, "requests": s.requests, "errors": s.errors,
+    return {"pair": pair, "point": label, "seed": seed, "system": system, "requests": s.requests,
+            "errors": s.errors,
             "mean": s.mean_ttft, "p99": s.p99_ttft, "hit": s.hit_ratio, "tags": s.by_tag,
             "model_error": s.model_error, "foreign_cpu": s.foreign_cpu}  # fmt: skip
 
 
 def table(rows: Sequence[dict[str, Any]], base: str, candidate: str) -> str:
     """ab.md: per point and seed, both revisions and candidate / base; geomeans per point and overall."""
-    runs = {(r["point"], r["seed"], r["system"]): r for r in rows}
+    runs = {(r["pair"], r["system"]): r for r in rows}
     head = (
         f"| point | seed | {base} mean s | {candidate} mean s | ratio | p99 ratio | hit ratio (base, cand.) |"
     )
     lines = [head, "|---|---|---|---|---|---|---|"]
     by_point: dict[str, list[float]] = {}
-    for (label, seed, system), b in runs.items():
-        c = runs.get((label, seed, candidate))
+    for (pair, system), b in runs.items():
+        c = runs.get((pair, candidate))
         if system != base or c is None or not (b["mean"] or 0) > 0 or c["mean"] is None:
             continue
+        label, seed = b["point"], b["seed"]
         ratio = c["mean"] / b["mean"]
         by_point.setdefault(label, []).append(ratio)
         lines.append(f"| {label} | {seed} | {b['mean']:.3f} | {c['mean']:.3f} | {ratio:.3f} | "
@@ -131,7 +135,7 @@ async def run(a: argparse.Namespace, paths: list[Path]) -> list[dict[str, Any]]:
             prep = point.prepare(settings, replace(parse_point(label), seeds=(seed,)), name, seed)
             for system in pair if turn % 2 == 0 else pair[::-1]:
                 result = await point.run_system(prep, system, seed, a.out / "logs")
-                rows.append(row(label, seed, system.name, result))
+                rows.append(row(turn, label, seed, system.name, result))
                 with (a.out / "ab.jsonl").open("a") as f:
                     f.write(json.dumps(rows[-1]) + "\n")
             turn += 1

@@ -34,19 +34,19 @@ def test_a_point_needs_a_known_workload_and_a_number() -> None:
         ab.parse_point("rag:high")
 
 
-def _run(point: str, seed: int, system: str, mean: float | None, p99: float = 1.0) -> dict[str, Any]:
-    return {"point": point, "seed": seed, "system": system, "mean": mean, "p99": p99, "hit": 0.5}
+def _run(pair: int, point: str, system: str, mean: float | None, p99: float = 1.0) -> dict[str, Any]:
+    return {"pair": pair, "point": point, "seed": 1, "system": system, "mean": mean, "p99": p99, "hit": 0.5}
 
 
 def test_table_gives_each_pair_its_ratio_and_the_geomeans() -> None:
     rows = [
-        _run("rag:0.6", 1, "b", 2.0), _run("rag:0.6", 1, "c", 1.0, 0.5),
-        _run("rag:0.6", 2, "c", 4.0), _run("rag:0.6", 2, "b", 1.0),  # the order alternates
-        _run("hot:0.9", 1, "b", 1.0), _run("hot:0.9", 1, "c", None),  # the candidate was skipped
+        _run(0, "rag:0.6", "b", 2.0), _run(0, "rag:0.6", "c", 1.0, 0.5),
+        _run(1, "rag:0.6", "c", 4.0), _run(1, "rag:0.6", "b", 1.0),  # the same point again, other order
+        _run(2, "hot:0.9", "b", 1.0), _run(2, "hot:0.9", "c", None),  # the candidate was skipped
     ]  # fmt: skip
     md = ab.table(rows, "b", "c")
     assert "| rag:0.6 | 1 | 2.000 | 1.000 | 0.500 | 0.500 | 0.500, 0.500 |" in md
-    assert "| rag:0.6 | 2 | 1.000 | 4.000 | 4.000 | 1.000 |" in md
+    assert "| rag:0.6 | 1 | 1.000 | 4.000 | 4.000 | 1.000 |" in md
     assert "| rag:0.6 | 2 | 1.414 |" in md.split("geomean")[1]  # sqrt(0.5 x 4)
     assert "hot:0.9 | 1 |" not in md
     assert "| all | 2 | 1.414 |" in md

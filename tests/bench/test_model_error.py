@@ -6,7 +6,9 @@ import math
 
 import aiohttp
 
+from bench.fleet import Counters, cache_loss
 from bench.point import model_error_ratio
+from bench.runner import Record
 from tests.conftest import Emulators, StartGateway
 
 FLAGS = ("--enable-cache-report", "--emu-time-scale", "0.001")
@@ -34,3 +36,14 @@ async def test_model_error_is_pooled_from_status(emulator_server: Emulators, gat
     assert ratio == errors / prompt
     assert 0.0 <= ratio < 0.1  # repeats of one document: the model knows where it is
     assert math.isnan(await model_error_ratio("http://127.0.0.1:9"))  # nothing listening: no number
+
+
+def test_cache_loss_is_the_evicted_share_of_the_runs_answered_prompt_tokens() -> None:
+    """bench.fleet.cache_loss: the replicas' arrival_lost_tokens_total over the prompt tokens of the
+    requests that were answered (a failed request's prompt is not counted); NaN without either."""
+    ok = Record(0, "t", "s", 200, "", 0.0, 0.0, 1.0, 1.0, 1.0, 1000, 0, 4, 1000, "a")
+    failed = Record(1, "t", "s", 500, "reset", 0.0, 0.0, None, None, None, 5000, 0, 0, 5000, "b")
+    counters = {"a": Counters(1, 0, 0, 50), "b": Counters(1, 0, 0, 150)}
+    assert cache_loss([ok, failed], counters) == 200 / 1000
+    assert math.isnan(cache_loss([ok], {})) and math.isnan(cache_loss([failed], counters))
+    assert (Counters(3, 10, 0, 70) - Counters(1, 4, 0, 20)).lost == 50

@@ -75,8 +75,8 @@ def git(repo: Path, *args: str) -> str:
 def gateway(name: str, code: Path, with_events: bool) -> systems.System:
     """kvroute's default policy from the code at `code` (its worktree)."""
     extra = ("--tokenizer-path", exact.TOKENIZER) if with_events else ()
-    command = (*shlex.split(systems.KVROUTE_TEMPLATE % "cost"), *extra)
-    return systems.System(f"kvroute-{name}", command, {"PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"})
+    env = {"PYTHONPATH": str(code), "PYTHONSAFEPATH": "1"}
+    return replace(systems.kvroute("cost", *extra), name=f"kvroute-{name}", env=env)
 
 
 def row(pair: int, label: str, seed: int, system: str, result: point.RunResult) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def row(pair: int, label: str, seed: int, system: str, result: point.RunResult) 
     if result.records is None:
         return {"pair": pair, "point": label, "seed": seed, "system": system, "skipped": result.skipped,
                 "mean": None}  # fmt: skip
-    s = report.summarize(system, result.records or [], result.per_replica, result.work, "",
+    s = report.summarize(system, result.records, result.per_replica, result.work, "",
                          result.model_error, result.foreign_cpu)  # fmt: skip
     return {"pair": pair, "point": label, "seed": seed, "system": system, "requests": s.requests,
             "errors": s.errors,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +54,14 @@ def test_table_gives_each_pair_its_ratio_and_the_geomeans() -> None:
     assert "| all | 2 | 1.414 |" in md
 
 
-def test_the_gateway_runs_its_own_worktree_whatever_the_current_directory() -> None:
-    system = ab.gateway("base", Path("/tmp/rev0"), with_events=False)
-    assert system.env == {"PYTHONPATH": "/tmp/rev0", "PYTHONSAFEPATH": "1"}
-    assert "--tokenizer-path" in ab.gateway("x", Path("/tmp/rev0"), with_events=True).command
+def test_the_gateway_runs_its_own_worktree_whatever_the_current_directory(tmp_path: Path) -> None:
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "proxy" / "__init__.py").write_text("")
+    system = ab.gateway("base", tmp_path, with_events=False)
+    probe = [sys.executable, "-c", "import proxy; print(proxy.__file__)"]
+    out = subprocess.run(probe, cwd=REPO, env={**os.environ, **system.env}, capture_output=True, text=True)
+    assert out.stdout.strip() == str(tmp_path / "proxy" / "__init__.py")  # not the checkout's proxy/
+    assert "--tokenizer-path" in ab.gateway("x", tmp_path, with_events=True).command
 
 
 def test_two_revisions_run_side_by_side_and_their_worktrees_go(tmp_path: Path) -> None:

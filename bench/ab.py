@@ -6,7 +6,8 @@ temporary directory, and both run as `kvroute serve --policy cost` on the same w
 fresh emulated fleet (`bench.point`: same seed, same offered load, same fleet settings, the CPU check
 that repeats a disturbed run). Only the gateway's code differs: the emulator, the workloads and the
 client are the current checkout's. The gateway runs with `PYTHONSAFEPATH=1` and `PYTHONPATH` = its
-worktree, so the current directory's `proxy/` cannot shadow it.
+worktree, so the current directory's `proxy/` cannot shadow it. (Not to be confused with `kvroute ab`,
+diag's cold/hot probe of SGLang servers.)
 
 POINT is `workload:load[:profile]` (open loop at that offered load; profile `rtx3090x2` by default) or
 `workload` alone (closed-loop workloads at their own pace). The two revisions take turns in an order

@@ -78,7 +78,7 @@ class Ticket:
 
     work: Work
     arrival: float
-    est_prefill_s: float | None = None  # modelled prefill + load seconds, computed when first needed
+    est_prefill_s: float | None = None  # modelled prefill + load seconds, from the cache on arrival
     arrival_cached: int = 0  # prompt tokens the cache held (GPU + host + storage) when it arrived
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     admission: Admission | None = None

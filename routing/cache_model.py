@@ -94,7 +94,7 @@ class CacheModel:
 
     def forget(self, replica: ReplicaId) -> None:
         self._replicas.pop(replica, None)
-        self._provisional.drop(replica)
+        self._provisional.forget(replica)
         self.calibration.forget(replica)
         self._resize()
 
@@ -116,7 +116,7 @@ class CacheModel:
             return False
         ex = r.exact
         if ex is None:
-            ex = r.exact = ExactState.for_replica(r.state, self._cfg, model)
+            ex = r.exact = ExactState.for_replica(r.state, self._cfg, model, self._provisional.held(replica))
         ex.apply(r.tiers, batch, lambda keys: self._provisional.confirm(replica, keys))
         ex.expire(r.tiers, lambda key: self._provisional.holds(replica, key))
         return True
@@ -198,13 +198,14 @@ class CacheModel:
         hashes = req.block_hashes
         if r is None or not hashes:
             return None
-        g, h, s = r.tiers.insert(hashes, req.block_tokens)
+        g, h, s = r.tiers.runs(hashes)
+        held_from = self._provisional.first_held(replica, hashes[: g + h + s])
+        self._provisional.hold(replica, hashes[held_from:])  # before the insert: exact mode keeps them
+        r.tiers.insert(hashes, req.block_tokens)
         m = reused_prefix(req, g, h, s, resume_limit(req, r.state, r.ends, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:
             new_end = r.ends.add(hashes, req.prompt_tokens, req.block_tokens)
-        held_from = self._provisional.first_held(replica, hashes[: g + h + s])
-        self._provisional.hold(replica, hashes[held_from:])
         confirmed = min(m.total_tokens, held_from * req.block_tokens)
         return Recorded(req, replica, m, confirmed, held_from, new_end)
 

@@ -6,7 +6,8 @@ model (``routing.tiers``) only for the rest:
 
 - **0.5.23** (map encoding, ``medium`` per event): ``BlockStored``/``BlockRemoved`` with GPU put keys on
   and off the GPU tier, CPU_PINNED on and off the host tier, DISK the storage tier, exactly. The GPU tier
-  never evicts an event-backed key by capacity (``ReplicaTiers.backed``).
+  never evicts by capacity an event-backed key, nor one the events are still to speak for (``Kept``,
+  ``ReplicaTiers.backed``): an in-flight request's, or a finished one's awaiting its stored event.
 - **0.5.10** (array encoding, always "GPU"): stored = on GPU *or* host, removed = gone from both. The
   union is exact; the GPU/host split stays the model's LRU guess (a GPU victim that is event-backed is
   demoted to host, never dropped, ``ReplicaTiers.union``).
@@ -26,7 +27,7 @@ prompts keyed by characters, salted ones on 0.5.10, gateway tenants and LoRA nam
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from routing.block_lru import BlockLru
@@ -60,12 +61,34 @@ class KvMode:
     last_ts: float = 0.0  # publish time of the last batch applied
 
 
+class Kept:
+    """The keys exact mode never evicts by capacity: event-backed ones, and the ones events are still
+    to speak for, held by in-flight requests (``routing.ledger``) or awaiting their stored event.
+
+    The engine's GPU and host pools are full in steady state, so the event-backed keys alone fill the
+    modelled tiers; an in-flight request's keys were then the only evictable ones and left the model as
+    soon as they were recorded: the question right behind a document's first view was predicted a miss
+    everywhere and sent to compute the document a second time. The engine makes room for them by
+    evicting its own least recently used pages, which its events then report.
+    """
+
+    __slots__ = ("held", "state")
+
+    def __init__(self, state: ExactState, held: Container[BlockHash]) -> None:
+        self.state, self.held = state, held
+
+    def __contains__(self, key: object) -> bool:
+        s = self.state
+        return key in s.index or key in self.held or key in s.awaiting or key in s.fresh
+
+
 class ExactState:
     """The events' view of one replica (see the module docstring)."""
 
-    def __init__(self, index: KvIndex, weight: float) -> None:
+    def __init__(self, index: KvIndex, weight: float, held: Container[BlockHash] = frozenset()) -> None:
         self.index = index
         self.weight = weight  # engine tokens per key (token_block)
+        self.kept = Kept(self, held)
         self.encoding = ""
         self.batches = 0
         self.events = 0
@@ -76,10 +99,13 @@ class ExactState:
         self.awaiting: dict[BlockHash, float] = {}  # key -> ts of the first batch after its confirmation
 
     @classmethod
-    def for_replica(cls, state: ReplicaState, cfg: RoutingConfig, model: str) -> ExactState:
-        """Pages remembered: the replica's GPU + host capacity in pages."""
+    def for_replica(
+        cls, state: ReplicaState, cfg: RoutingConfig, model: str, held: Container[BlockHash]
+    ) -> ExactState:
+        """Pages remembered: the replica's GPU + host capacity in pages; ``held``: the keys its in-flight
+        requests hold (kept whatever the capacity)."""
         pages = (state.gpu_tokens + state.host_tokens) // max(1, state.page_size)
-        return cls(KvIndex(model, cfg.token_block, cfg.max_blocks, pages), float(cfg.token_block))
+        return cls(KvIndex(model, cfg.token_block, cfg.max_blocks, pages), float(cfg.token_block), held)
 
     def speaks_for(self, req: RoutingRequest) -> bool:
         """Whether the events can confirm ``req``'s keys: token keys in a namespace an event can name
@@ -95,8 +121,8 @@ class ExactState:
         return not self.index.why
 
     def attach(self, tiers: ReplicaTiers) -> None:
-        """Points the tiers at the event-backed keys (or back to learned, when pages cannot map)."""
-        tiers.backed = self.index if self.exact else None
+        """Points the tiers at the kept keys (or back to learned, when pages cannot map)."""
+        tiers.backed = self.kept if self.exact else None
         tiers.union = self.encoding == "array"
 
     def apply(

@@ -60,7 +60,7 @@ class CountedBlocks:
     def __len__(self) -> int:
         return len(self._counts)
 
-    def __contains__(self, block: BlockHash) -> bool:
+    def __contains__(self, block: object) -> bool:
         return block in self._counts
 
     def first_of(self, blocks: Sequence[BlockHash]) -> int:
@@ -75,6 +75,9 @@ class CountedBlocks:
         again = [(b, counts[b] + 1) for b in filter(counts.__contains__, blocks)]
         counts.update(dict.fromkeys(blocks, 1))
         counts.update(again)
+
+    def clear(self) -> None:
+        self._counts.clear()
 
     def pop_all(self, blocks: Sequence[BlockHash]) -> None:
         """Removes ``blocks`` whatever their counts."""
@@ -98,9 +101,13 @@ class Provisional:
         held = self._held.get(replica)
         return held.first_of(blocks) if held is not None else len(blocks)
 
+    def held(self, replica: ReplicaId) -> CountedBlocks:
+        """The replica's held blocks, one live multiset for as long as the replica is known."""
+        return self._held.setdefault(replica, CountedBlocks())
+
     def hold(self, replica: ReplicaId, blocks: Sequence[BlockHash]) -> None:
         if blocks:
-            self._held.setdefault(replica, CountedBlocks()).add(blocks)
+            self.held(replica).add(blocks)
 
     def confirm(self, replica: ReplicaId, blocks: Sequence[BlockHash]) -> None:
         held = self._held.get(replica)
@@ -112,6 +119,11 @@ class Provisional:
         return held.remove(blocks) if held is not None else []
 
     def drop(self, replica: ReplicaId) -> None:
+        held = self._held.get(replica)
+        if held is not None:
+            held.clear()
+
+    def forget(self, replica: ReplicaId) -> None:
         self._held.pop(replica, None)
 
     def holds(self, replica: ReplicaId, block: BlockHash) -> bool:

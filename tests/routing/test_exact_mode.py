@@ -147,6 +147,41 @@ def test_capacity_never_evicts_event_backed_blocks_on_gpu() -> None:
     assert found(model, state, req(DOC)).gpu_tokens == 256.0
 
 
+def full_pools(model: CacheModel) -> None:
+    """The engine's steady state: GPU (8 blocks) and host (8 blocks) full of other pages."""
+    feed(model, [*stored(ids(512, 10_000), 1000)])
+    feed(model, [*stored(ids(512, 20_000), 2000, medium="CPU_PINNED")])
+
+
+def test_in_flight_blocks_stay_while_the_pools_are_full_of_event_backed_ones() -> None:
+    """A document's first view routed to a replica whose pools the events show full: the question right
+    behind it still finds the document there, queued (the engine will make room by evicting)."""
+    model, state = model_with(gpu_blocks=8, host_blocks=8)
+    full_pools(model)
+    first = req(DOC)
+    rec = model.record(first, "a")
+    assert rec is not None
+    assert found(model, state, req(DOC)).total_tokens == 256.0
+    model.record(req(ids(257, 30_000)), "a")  # another document behind it: neither pushes the other out
+    assert found(model, state, req(DOC)).total_tokens == 256.0
+    assert found(model, state, req(ids(257, 30_000))).total_tokens == 256.0
+    model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
+    assert found(model, state, req(DOC)).total_tokens == 256.0  # ran: awaiting its BlockStored
+    pass_grace(model)
+    assert found(model, state, req(DOC)) == NO_MATCH  # no event came: gone, as without the full pools
+
+
+def test_in_flight_blocks_of_a_reset_replica_are_forgotten() -> None:
+    model, state = model_with(gpu_blocks=8, host_blocks=8)
+    full_pools(model)
+    model.record(req(DOC), "a")
+    model.kv_reset("a", "gap")
+    assert found(model, state, req(DOC)) == NO_MATCH
+    full_pools(model)
+    model.record(req(DOC), "a")  # the replica's held keys are still kept after the reset
+    assert found(model, state, req(DOC)).total_tokens == 256.0
+
+
 def test_reported_cached_tokens_are_accounted_but_do_not_rescale() -> None:
     model, _ = model_with()
     feed(model, [*stored(DOC[:256], 0)])

@@ -87,7 +87,7 @@ class Engine:
         """Queue a request; `arrival` (loop time, default now) anchors its modelled timeline."""
         when = self._now() if arrival is None else min(arrival, self._now())
         ticket = Ticket(work=work, arrival=when)
-        self._estimate(ticket)  # the cache as it is now: arrival_cached, and the estimate from it
+        self._match_on_arrival(ticket)
         self.waiting.append(ticket)
         self._wake.set()
         return ticket
@@ -360,16 +360,22 @@ class Engine:
                 self.cache.abort(adm)
         self._wake.set()
 
+    def _match_on_arrival(self, ticket: Ticket) -> None:
+        """Matches the prompt against the cache as it is when the request arrives: what it held then
+        (``Ticket.arrival_cached``) and the request's modelled prefill + load seconds from it (the
+        queue estimate of the requests behind it)."""
+        prompt = ticket.work.prompt
+        m = self.cache.match(prompt, self._key(ticket.work))
+        cached = m.gpu_tokens + m.host_tokens + m.storage_tokens
+        ticket.arrival_cached = cached
+        ttft = ttft_seconds(self.timing, len(prompt), cached, m.host_tokens, m.storage_tokens)
+        ticket.est_prefill_s = ttft - self.timing.overhead_seconds()
+
     def _estimate(self, ticket: Ticket) -> float:
-        """A waiting request's modelled prefill + load seconds (matched once, on arrival, then
-        remembered), and what the cache held of its prompt then (``Ticket.arrival_cached``)."""
+        """A waiting request's modelled prefill + load seconds (matched on arrival)."""
         if ticket.est_prefill_s is None:
-            prompt = ticket.work.prompt
-            m = self.cache.match(prompt, self._key(ticket.work))
-            cached = m.gpu_tokens + m.host_tokens + m.storage_tokens
-            ticket.arrival_cached = cached
-            ttft = ttft_seconds(self.timing, len(prompt), cached, m.host_tokens, m.storage_tokens)
-            ticket.est_prefill_s = ttft - self.timing.overhead_seconds()
+            self._match_on_arrival(ticket)
+        assert ticket.est_prefill_s is not None
         return ticket.est_prefill_s
 
     def _key(self, work: Work) -> str | None:

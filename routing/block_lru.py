@@ -81,14 +81,17 @@ class BlockLru:
     def clear(self) -> None:
         self._blocks, self.tokens = {}, 0.0
 
-    def overflow(self, pinned: Container[BlockHash] | None = None) -> dict[BlockHash, float]:
+    def overflow(
+        self, pinned: Container[BlockHash] | None = None, scan: int | None = None
+    ) -> dict[BlockHash, float]:
         """Evicts least recently used blocks when over capacity, the excess and a batch of a 64th of the
         capacity's blocks (at the mean weight) at once; returns them with their weights, oldest first.
 
         Blocks in ``pinned`` are not evictable (host copies of blocks still on GPU): they are skipped and
         moved to the most recent end, so a later eviction does not scan them again; at most
         ``_SCAN_FACTOR`` entries per expected victim are looked at, which bounds the work when most of
-        the tier is pinned (it then stays over capacity until pinned blocks leave the GPU)."""
+        the tier is pinned (it then stays over capacity until pinned blocks leave the GPU); ``scan``
+        caps that count, for a tier that may stay over capacity for long (exact mode's GPU)."""
         excess = self.tokens - self.capacity
         if excess <= 1e-9 or not self._blocks:
             return {}
@@ -96,6 +99,8 @@ class BlockLru:
         mean = self.tokens / len(blocks)  # the batch is capacity // 64 in blocks of the mean weight
         want = excess + (self.capacity / mean) // EVICT_BATCH_DIVISOR * mean
         limit = int(_SCAN_FACTOR * want / mean) + 64
+        if scan is not None:
+            limit = min(limit, scan)
         victims: dict[BlockHash, float] = {}
         moved: list[BlockHash] = []
         freed = 0.0

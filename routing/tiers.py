@@ -67,6 +67,12 @@ def tier_warnings(state: ReplicaState) -> tuple[str, ...]:
 
 
 _COPY_AT_INSERT = ("write_through", "write_through_selective")  # see the module docstring
+EXACT_GPU_SCAN = 64
+"""Entries an exact GPU tier's overflow looks at per settle. Its kept keys (``routing.exact.Kept``) may hold
+it over capacity for as long as requests are in flight, so an uncapped scan would walk thousands of
+pinned entries at every event batch and every routed request (measured: 16 -> 565 us per batch on a
+750-block tier with three 8K-token requests in flight); 64 at a time, rotated to the recent end, still
+reaches every learned key in turn."""
 
 
 class ReplicaTiers:
@@ -161,7 +167,7 @@ class ReplicaTiers:
         (pinned on GPU when there is no host tier)."""
         backed, host = self.backed, self.host
         exact_gpu = backed is not None and (not self.union or host.capacity <= 0)
-        victims = self.gpu.overflow(pinned=backed if exact_gpu else None)
+        victims = self.gpu.overflow(backed, EXACT_GPU_SCAN) if exact_gpu else self.gpu.overflow()
         if victims and self.policy is not None and host.capacity > 0:
             kept = victims
             if self.policy != "write_back":

@@ -171,6 +171,21 @@ def test_in_flight_blocks_stay_while_the_pools_are_full_of_event_backed_ones() -
     assert found(model, state, req(DOC)) == NO_MATCH  # no event came: gone, as without the full pools
 
 
+def test_a_learned_request_on_full_exact_pools_leaves_once_it_ran() -> None:
+    """Keys the events cannot speak for are kept while their request is in flight, then evicted by
+    capacity like any learned block (the capped scan of ``EXACT_GPU_SCAN`` still reaches them)."""
+    model, state = model_with(gpu_blocks=8, host_blocks=8)
+    full_pools(model)
+    text = req(DOC, exact=False)
+    rec = model.record(text, "a")
+    assert rec is not None
+    assert found(model, state, text).total_tokens == 256.0
+    model.settle(rec, Report(ok=True, prompt_tokens=257, cached_tokens=0))
+    feed(model, [], ts=2.0)
+    assert found(model, state, text) == NO_MATCH
+    assert found(model, state, req(ids(513, 10_000))).gpu_tokens == 512.0  # the event-backed ones stay
+
+
 def test_in_flight_blocks_of_a_reset_replica_are_forgotten() -> None:
     model, state = model_with(gpu_blocks=8, host_blocks=8)
     full_pools(model)

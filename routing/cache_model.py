@@ -201,7 +201,7 @@ class CacheModel:
         g, h, s = r.tiers.runs(hashes)
         held_from = self._provisional.first_held(replica, hashes[: g + h + s])
         self._provisional.hold(replica, hashes[held_from:])  # before the insert: exact mode keeps them
-        r.tiers.insert(hashes, req.block_tokens)
+        r.tiers.insert(hashes, req.block_tokens, (g, h, s))
         m = reused_prefix(req, g, h, s, resume_limit(req, r.state, r.ends, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:

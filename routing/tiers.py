@@ -130,14 +130,16 @@ class ReplicaTiers:
         s = self.storage.walk(hashes, n) if self.storage.capacity > 0 else 0
         return g, n - g, s
 
-    def insert(self, hashes: Sequence[BlockHash], weight: float = 1.0) -> tuple[int, int, int]:
+    def insert(
+        self, hashes: Sequence[BlockHash], weight: float = 1.0, found: tuple[int, int, int] | None = None
+    ) -> tuple[int, int, int]:
         """Records that the replica served ``hashes`` (blocks of ``weight`` engine tokens each); returns
-        the runs found before the insert.
+        the runs found before the insert (``found``: they were just computed by ``runs``).
 
         Equivalent to touching block by block from the deepest to the first (see the module docstring),
         done tier by tier in bulk: only the order within each tier matters.
         """
-        g, h, s = self.runs(hashes)
+        g, h, s = self.runs(hashes) if found is None else found
         m = g + h + s
         host, storage = self.host, self.storage
         if self.backed is not None and not self.union:  # exact tiers: only the GPU gets it, for now

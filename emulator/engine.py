@@ -124,7 +124,7 @@ class Engine:
             self.timing.prefill_seconds(self._step_ends.get(t, t.pos), len(t.work.prompt))
             for t in self.prefilling
         )
-        ahead += sum(self._estimate(t) for t in self.waiting)
+        ahead += sum(t.est_prefill_s for t in self.waiting)
         return step_left + ahead * self.slow_factor
 
     def predict(self, prompt: Sequence[int], extra_key: str | None) -> Prediction:
@@ -370,13 +370,6 @@ class Engine:
         ticket.arrival_cached = cached
         ttft = ttft_seconds(self.timing, len(prompt), cached, m.host_tokens, m.storage_tokens)
         ticket.est_prefill_s = ttft - self.timing.overhead_seconds()
-
-    def _estimate(self, ticket: Ticket) -> float:
-        """A waiting request's modelled prefill + load seconds (matched on arrival)."""
-        if ticket.est_prefill_s is None:
-            self._match_on_arrival(ticket)
-        assert ticket.est_prefill_s is not None
-        return ticket.est_prefill_s
 
     def _key(self, work: Work) -> str | None:
         return work.extra_key if self.limits.share_prefixes else f"\x00nocache:{work.rid}"

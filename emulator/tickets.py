@@ -78,7 +78,7 @@ class Ticket:
 
     work: Work
     arrival: float
-    est_prefill_s: float | None = None  # modelled prefill + load seconds, from the cache on arrival
+    est_prefill_s: float = 0.0  # modelled prefill + load seconds, from the cache on arrival (submit)
     arrival_cached: int = 0  # prompt tokens the cache held (GPU + host + storage) when it arrived
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     admission: Admission | None = None

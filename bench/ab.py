@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from statistics import mean
+from statistics import geometric_mean
 from typing import Any
 
 from bench import exact, plan, point, report, systems, workloads
@@ -113,14 +112,10 @@ def table(rows: Sequence[dict[str, Any]], base: str, candidate: str) -> str:
                      f"{c['p99'] / b['p99']:.3f} | {b['hit']:.3f}, {c['hit']:.3f} |")  # fmt: skip
     every = [r for v in by_point.values() for r in v]
     lines += ["", "| point | runs | geomean of mean-TTFT ratios |", "|---|---|---|"]
-    lines += [f"| {p} | {len(v)} | {geomean(v):.3f} |" for p, v in by_point.items()]
+    lines += [f"| {p} | {len(v)} | {geometric_mean(v):.3f} |" for p, v in by_point.items()]
     if every:
-        lines.append(f"| all | {len(every)} | {geomean(every):.3f} |")
+        lines.append(f"| all | {len(every)} | {geometric_mean(every):.3f} |")
     return "\n".join(lines) + "\n"
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(mean(math.log(v) for v in values))
 
 
 async def run(a: argparse.Namespace, paths: list[Path]) -> list[dict[str, Any]]:

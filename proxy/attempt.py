@@ -25,6 +25,7 @@ from proxy.context import Gateway
 from proxy.load import Work
 from proxy.types import ParsedRequest, Usage
 from routing.ledger import Ticket
+from routing.ttft import kv_need
 from routing.types import ReplicaId, Report
 
 
@@ -42,7 +43,7 @@ class Attempt:
     def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest, tap: Tap | None = None) -> None:
         self.gw, self.ticket, self.replica, self.tap = gw, ticket, ticket.replica, tap
         self.route = parsed.route.value
-        self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed))
+        self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed, gw.router.cfg.default_new_tokens))
         self.t0 = asyncio.get_running_loop().time()
         first_byte_s = gw.deadlines.first_byte_s(
             ticket.prediction.terms.total, parsed.stream, ticket.request.max_new_tokens
@@ -91,8 +92,9 @@ class Attempt:
         gw.fleet.outcome(a.replica, a.verdict, a.failure)
 
 
-def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
-    """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill."""
+def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int) -> Work:
+    """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill,
+    and the KV it holds."""
     terms = ticket.prediction.terms
     return Work(
         sent_s=time.monotonic(),
@@ -103,6 +105,7 @@ def _work(ticket: Ticket, parsed: ParsedRequest) -> Work:
         streamed=parsed.stream,
         overhead_s=terms.overhead_s,
         reload_s=terms.reload_s,
+        kv_tokens=round(kv_need(ticket.request, terms.uncached_tokens, default_tokens)),
     )
 
 

@@ -13,9 +13,12 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   not waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part.
 - **decoding**: first byte back (streams), or, for an answer that is not streamed, once its predicted
   TTFT has passed (the gateway sees no first token then). A decoding request holds a running slot and
-  no prefill: it never counts as prefill load. When a replica's requests fill its
-  ``max_running_requests``, routing needs how long until a slot frees: ``decoding`` lists, per decoding
-  request, the seconds it has decoded and its output budget (0 when unbounded), filled only then.
+  no prefill: it never counts as prefill load. It holds KV memory and a running slot, as a queued one
+  does: ``kv_tokens`` sums, over the requests in flight, the KV each holds (its predicted uncached prompt
+  + output budget, ``routing.ttft.kv_need``). When a replica's requests fill its
+  ``max_running_requests``, or hold half its device pool or more, routing needs how long until a slot or
+  memory frees: ``decoding`` lists, per decoding request, the seconds it has decoded, its output budget
+  (0 when unbounded) and the KV it holds, filled only then.
 - **released** at the end (or on failure): nothing is left behind, exactly once.
 
 Live arrivals (not warm-up steps) are also kept as an exponentially decaying rate over ``window_s``
@@ -85,6 +88,7 @@ class Work:
     live: bool = True  # False: a warm-up step (counts as work, not as live arrivals)
     overhead_s: float = 0.0  # predicted fixed time after its prefill (beside the next prefill)
     reload_s: float = 0.0  # the predicted host / storage reload part of work_s
+    kv_tokens: int = 0  # KV it holds while in flight: predicted uncached prompt + output budget
     first_s: float | None = None
 
 
@@ -113,9 +117,10 @@ class LoadView:
     inflight_requests: int
     inflight_prefill_tokens: int
     inflight_prefill_s: float
-    decoding: tuple[tuple[float, int], ...]  # (seconds decoded, output budget), only when slots are full
+    decoding: tuple[tuple[float, int, int], ...]  # (s decoded, budget, KV held), when slots or memory fill
     arrival_rate: float
     utilization: float
+    kv_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -127,6 +132,7 @@ class ReplicaLoad:
     queued_tokens: int = 0
     queued_work_s: float = 0.0
     queued_reload_s: float = 0.0
+    kv_tokens: int = 0  # KV held by every request in flight (queued and decoding)
     last_first_s: float = 0.0
     last_live_s: float = float("-inf")  # the last live request sent
     arrivals: DecayingRate = field(default_factory=DecayingRate)
@@ -140,6 +146,7 @@ class ReplicaLoad:
         self.queued_tokens += w.prefill_tokens
         self.queued_work_s += w.work_s
         self.queued_reload_s += w.reload_s
+        self.kv_tokens += w.kv_tokens
         if w.live:
             self.epoch.started(w.sent_s)
             self.arrivals.add(1.0, w.sent_s)
@@ -156,14 +163,21 @@ class ReplicaLoad:
     def release(self, w: Work, now: float) -> None:
         if w in self.queue:
             self._dequeue(w, now)
+        elif w not in self.decoding:
+            return
         self.decoding.pop(w, None)
+        self.kv_tokens -= w.kv_tokens
 
-    def view(self, now: float, max_running: int, s_per_token: float = 0.0) -> LoadView:
-        """The load now; ``s_per_token`` > 0 reprices queued prefill at that rate (module docstring)."""
+    def view(self, now: float, max_running: int, s_per_token: float = 0.0, pool_tokens: int = 0) -> LoadView:
+        """The load now; ``s_per_token`` > 0 reprices queued prefill at that rate; ``pool_tokens`` is the
+        device KV pool (0: unknown) (module docstring)."""
         self._promote_unstreamed(now)
         inflight = len(self.queue) + len(self.decoding)
         full = max_running > 0 and inflight >= max_running
-        decoding = tuple((now - (w.first_s or now), w.budget) for w in self.decoding) if full else ()
+        full = full or 0 < pool_tokens <= 2 * self.kv_tokens
+        decoding = (
+            tuple((now - (w.first_s or now), w.budget, w.kv_tokens) for w in self.decoding) if full else ()
+        )
         unbias = self.epoch.correction(now, self.window_s)
         return LoadView(
             inflight,
@@ -172,6 +186,7 @@ class ReplicaLoad:
             decoding,
             self.arrivals.at(now) * unbias,
             min(1.0, self._utilization(now) * unbias),
+            max(0, self.kv_tokens),
         )
 
     def _utilization(self, now: float) -> float:
@@ -210,8 +225,8 @@ class ReplicaLoad:
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:
     """This gateway's view of a replica's load plus the other gateways' (``proxy/state_sync.py``):
-    counts, queued work and arrival rates add up; the busy fraction is the largest of them; the decoding
-    detail is this gateway's (others' requests count, unknown).
+    counts, queued work, held KV and arrival rates add up; the busy fraction is the largest of them; the
+    decoding detail is this gateway's (others' requests count, unknown).
 
     Each gateway measures the service of its own requests, and a request that queued behind the other
     gateways' spans their prefills too: while the replica is busy every gateway that sends to it sees
@@ -226,4 +241,5 @@ def combined(local: LoadView, remote: LoadView) -> LoadView:
         local.decoding,
         local.arrival_rate + remote.arrival_rate,
         max(min(local.utilization, 1.0), min(remote.utilization, 1.0)),
+        local.kv_tokens + remote.kv_tokens,
     )

@@ -58,7 +58,9 @@ class Replica:
     def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
         now = time.monotonic() if now is None else now
-        load = self.load.view(now, i.max_running_requests if i else 0, self.pricing(self.id))
+        load = self.load.view(
+            now, i.max_running_requests if i else 0, self.pricing(self.id), i.gpu_tokens if i else 0
+        )
         if self.remote is not None:
             load = combined(load, self.remote)
         return ReplicaState(
@@ -69,6 +71,7 @@ class Replica:
             inflight_prefill_tokens=load.inflight_prefill_tokens,
             inflight_prefill_s=load.inflight_prefill_s,
             decoding=load.decoding,
+            kv_tokens=load.kv_tokens,
             arrival_rate=load.arrival_rate,
             utilization=load.utilization,
             gpu_tokens=i.gpu_tokens if i else 0,
@@ -92,6 +95,7 @@ class Replica:
             "model": i.served_model if i else None,
             "inflight_requests": self.inflight_requests,
             "inflight_prefill_tokens": self.load.queued_tokens,
+            "inflight_kv_tokens": self.load.kv_tokens,
             "gpu_tokens": i.gpu_tokens if i else None,
             "host_tokens": i.host_tokens if i else None,
             "page_size": i.page_size if i else None,

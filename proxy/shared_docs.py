@@ -5,7 +5,7 @@ a silent gateway's document is gone) and hands every part the other gateways' la
 kind (``adopt``: gateway -> decoded JSON). Three parts:
 
 - ``LoadPart`` (every round, ttl 5 s): per replica, this gateway's in-flight requests, queued prefill
-  tokens and seconds, arrival rate and busy fraction; adopted as ``Replica.remote``, which every
+  tokens and seconds, arrival rate, busy fraction and held KV; adopted as ``Replica.remote``, which every
   snapshot adds to the local load (``proxy.load.combined``), so gateways do not all pick the same idle
   replica at once;
 - ``RatesPart`` (every round, ttl 30 s): the rates this gateway learned itself
@@ -50,6 +50,7 @@ class LoadPart:
                 v.inflight_prefill_s,
                 v.arrival_rate,
                 v.utilization,
+                v.kv_tokens,
             ]
         return out
 
@@ -59,13 +60,14 @@ class LoadPart:
         sums: dict[str, list[float]] = {}
         for table in docs.values():
             for replica, numbers in table.items():
-                acc = sums.setdefault(replica, [0.0] * 5)
+                acc = sums.setdefault(replica, [0.0] * 6)
                 for i, v in enumerate(numbers[:4]):
                     acc[i] += float(v)
                 acc[4] = max(acc[4], min(float(numbers[4]), 1.0))
+                acc[5] += float(numbers[5]) if len(numbers) > 5 else 0.0  # a gateway before held KV
         for r in self.fleet.replicas():
             n = sums.get(r.id)
-            r.remote = LoadView(int(n[0]), int(n[1]), n[2], (), n[3], n[4]) if n else None
+            r.remote = LoadView(int(n[0]), int(n[1]), n[2], (), n[3], n[4], int(n[5])) if n else None
 
 
 class RatesPart:

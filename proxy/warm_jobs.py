@@ -34,6 +34,7 @@ from proxy.load import Work
 from proxy.relay import body_usage
 from proxy.warm_docs import Document, Step
 from proxy.warm_registry import Job, Placement, WarmDoc, WarmRegistry
+from routing.ttft import kv_need
 from routing.types import ReplicaId, Report
 
 log = logging.getLogger("kvroute.warmup")
@@ -164,6 +165,7 @@ class WarmJobs(WarmRegistry):
         work = Work(
             time.monotonic(), round(terms.uncached_tokens), terms.prefill_s + terms.reload_s, terms.total,
             budget=0, streamed=False, live=False, reload_s=terms.reload_s,
+            kv_tokens=round(kv_need(ticket.request, terms.uncached_tokens, 1)),
         )  # fmt: skip
         lease = gw.fleet.acquire(replica, work)
         report = Report(ok=False)

@@ -4,11 +4,16 @@ For a request with P estimated prompt tokens and a candidate whose cache model m
 (G gpu, H host, S storage) tokens, with the replica's learned rates (``routing.rates``):
 
     uncached  = max(0, P - G - H - S)
-    queue_s   = inflight_prefill_s + slot_wait
+    queue_s   = max(inflight_prefill_s + slot_wait, memory_wait)
     slot_wait = when the requests in flight fill max_running_requests (> 0): the k-th smallest
                 remaining decode time among the decoding requests, k = inflight - max_running + 1,
                 remaining = max(budget, ...) x decode_s_per_token - seconds decoded (budget 0:
                 default_new_tokens; a request already past its estimate counts a tenth of it); else 0
+    memory_wait = when the KV the requests in flight hold (K, ``kv_tokens``: each one's uncached prompt +
+                output budget) + this request's need (uncached + its budget) exceed the device pool
+                (``gpu_tokens``): the smallest remaining decode time by which the decoding requests
+                that finish first free the excess; when they cannot, the time by which all of them and
+                the queue ahead are done (``inflight_prefill_s``, at least the last decoder's); else 0
     prefill_s = uncached / prefill_rate
     reload_s  = H / host_rate + S / storage_rate
     overhead  = the learned fixed per-request time
@@ -17,8 +22,16 @@ For a request with P estimated prompt tokens and a candidate whose cache model m
 Every term is in seconds, range [0, inf), O(1) per candidate (slot_wait O(decoding) when the slots are
 full). ``inflight_prefill_s`` is the prefill work the proxy has routed to the replica and not seen
 finish, in predicted seconds, minus what the head of the queue has already done (``proxy/load.py``):
-requests that are only decoding are not in it, they hold up no prefill. They matter only through the
-running slots: past ``max_running_requests`` a new request waits for a decoding one to finish.
+requests that are only decoding are not in it, they hold up no prefill. They matter only through what
+they hold: past ``max_running_requests`` a new request waits for a decoding one to finish, and so it
+does when the device pool is full. SGLang admits a request only once its uncached prompt and its output
+reservation fit beside what the running requests hold (the emulator reserves the whole output; SGLang's
+scheduler ``new_token_ratio`` x the budget, clipped at 4096). With slow decode (a datacenter profile at
+batch 32: ~12 tokens/s per sequence) the pool, not the prefill engine, is what unique prompts wait for:
+a replica whose running requests hold long budgets admits nothing for seconds while its prefill queue
+is empty. Memory and the prefill queue overlap in time (the queue ahead drains while decoders free
+memory), so they combine by max; cached prefixes that requests lock are not counted (shared ones would
+count once per request, and the engine evicts the unlocked ones).
 
 The default policy's scorer (``routing.placement``) computes the terms once per candidate and keeps
 them in its ``Scored`` entries; the chosen candidate's terms become the request's ``Prediction``.
@@ -36,12 +49,32 @@ def slot_wait_s(state: ReplicaState, decode_s_per_token: float, default_tokens: 
     if limit <= 0 or state.inflight_requests < limit:
         return 0.0
     need = state.inflight_requests - limit + 1
-    remaining = sorted(_remaining(e, b or default_tokens, decode_s_per_token) for e, b in state.decoding)
+    remaining = sorted(_remaining(e, b or default_tokens, decode_s_per_token) for e, b, _ in state.decoding)
     if not remaining:
         return default_tokens * decode_s_per_token
     if need <= len(remaining):
         return remaining[need - 1]
     return remaining[-1] + (need - len(remaining)) * default_tokens * decode_s_per_token / limit
+
+
+def memory_wait_s(state: ReplicaState, need: float, decode_s_per_token: float, default_tokens: int) -> float:
+    """Expected wait for device KV memory (0 while the pool has room or its size is unknown)."""
+    excess = state.kv_tokens + need - state.gpu_tokens
+    if state.gpu_tokens <= 0 or excess <= 0:
+        return 0.0
+    freeing = sorted(
+        (_remaining(e, b or default_tokens, decode_s_per_token), k) for e, b, k in state.decoding
+    )
+    for remaining, held in freeing:
+        excess -= held
+        if excess <= 0:
+            return remaining
+    return max(freeing[-1][0] if freeing else 0.0, state.inflight_prefill_s)
+
+
+def kv_need(req: RoutingRequest, uncached: float, default_tokens: int) -> float:
+    """The KV a request holds while in flight: its uncached prompt + its output budget."""
+    return uncached + (req.max_new_tokens or default_tokens)
 
 
 def _remaining(elapsed: float, budget: int, decode_s_per_token: float) -> float:
@@ -56,6 +89,9 @@ def predict_ttft(req: RoutingRequest, cand: Candidate, rates: ReplicaRates, defa
     queue = st.inflight_prefill_s
     if st.max_running_requests > 0 and st.inflight_requests >= st.max_running_requests:
         queue += slot_wait_s(st, rates.decode_s_per_token, default_tokens)
+    if st.kv_tokens:
+        need = kv_need(req, uncached, default_tokens)
+        queue = max(queue, memory_wait_s(st, need, rates.decode_s_per_token, default_tokens))
     reload = m.host_tokens / rates.host_tokens_per_s if m.host_tokens else 0.0
     if m.storage_tokens:
         reload += m.storage_tokens / rates.storage_tokens_per_s

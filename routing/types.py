@@ -66,8 +66,10 @@ class ReplicaState:
     inflight_requests: int = 0
     inflight_prefill_tokens: int = 0  # predicted uncached prompt tokens routed there, no first token yet
     inflight_prefill_s: float = 0.0  # predicted prefill work queued there, seconds (proxy/load.py)
-    decoding: tuple[tuple[float, int], ...] = ()  # (s decoded, output budget) per decoding request, only
-    # filled when the running slots are full (max_running_requests): when a slot frees is then a term
+    # (s decoded, output budget, KV tokens held) per decoding request, only filled when the running slots
+    # are full (max_running_requests) or the KV held fills half the pool: when a slot or memory frees
+    decoding: tuple[tuple[float, int, int], ...] = ()
+    kv_tokens: int = 0  # KV held by the requests in flight there: predicted uncached prompt + output budget
     arrival_rate: float = 0.0  # requests routed there per second, recently
     utilization: float = 0.0  # predicted prefill seconds routed there per second, recently
     gpu_tokens: int = 0  # device KV pool capacity (max_total_num_tokens)

@@ -54,13 +54,31 @@ def test_an_unstreamed_answer_counts_as_decoding_once_its_predicted_ttft_has_pas
     assert r.view(2.5, 0).inflight_requests == 1
 
 
-def test_decoding_detail_only_when_the_running_slots_are_full() -> None:
+def test_decoding_detail_only_when_the_running_slots_or_half_the_pool_are_full() -> None:
     r = load()
     a = work(0.0, 1.0)
+    a.kv_tokens = 1064
     r.add(a)
     r.first_token(a, 1.0)
     assert r.view(3.0, 2).decoding == ()
-    assert r.view(3.0, 1).decoding == ((2.0, 64),)
+    assert r.view(3.0, 1).decoding == ((2.0, 64, 1064),)
+    assert r.view(3.0, 2, pool_tokens=2200).decoding == ()
+    assert r.view(3.0, 2, pool_tokens=2128).decoding == ((2.0, 64, 1064),)
+
+
+def test_held_kv_counts_queued_and_decoding_requests_until_released_once() -> None:
+    r = load()
+    a, b = work(0.0), work(0.0)
+    a.kv_tokens, b.kv_tokens = 1064, 500
+    r.add(a)
+    r.add(b)
+    r.first_token(a, 1.0)
+    assert r.view(1.5, 0).kv_tokens == 1564
+    r.release(a, 2.0)
+    r.release(a, 2.5)  # a second release takes nothing more
+    assert r.view(3.0, 0).kv_tokens == 500
+    r.release(b, 3.0)
+    assert r.view(3.0, 0).kv_tokens == 0
 
 
 def test_arrival_rate_is_not_underestimated_while_traffic_is_young() -> None:
@@ -151,7 +169,7 @@ def test_utilization_is_the_engine_s_service_not_the_time_with_a_request_outstan
 def test_combined_views_add_work_and_rates_and_take_the_largest_busy_fraction() -> None:
     """Busy periods of gateways sharing a replica nest (proxy.load.combined): their union is close to
     the largest, not what independent periods would give (0.75 here)."""
-    a = LoadView(1, 100, 1.0, ((1.0, 8),), 2.0, 0.5)
+    a = LoadView(1, 100, 1.0, ((1.0, 8, 0),), 2.0, 0.5)
     b = LoadView(2, 200, 2.0, (), 1.0, 0.6)
     c = combined(a, b)
     assert (c.inflight_requests, c.inflight_prefill_tokens, c.inflight_prefill_s) == (3, 300, 3.0)

@@ -40,7 +40,7 @@ def cand(
     prefill: int = 0,
     running: int = 0,
     max_running: int = 0,
-    decoding: tuple[tuple[float, int], ...] = (),
+    decoding: tuple[tuple[float, int, int], ...] = (),
     rate: float = 0.0,
     util: float = 0.0,
     healthy: bool = True,
@@ -111,7 +111,7 @@ def test_decoding_requests_do_not_count_as_prefill_load() -> None:
     idle = cand("r1", rate=0.5, util=0.1)
     d = CostPolicy().route(req(6100), [decoding, idle])
     assert (d.replica, d.reason, d.terms.queue_s) == ("r0", Reason.PREFIX_GPU, 0.0)
-    long_decodes = tuple((1.0, 4000) for _ in range(32))  # 32 slots busy for ~28 s more
+    long_decodes = tuple((1.0, 4000, 0) for _ in range(32))  # 32 slots busy for ~28 s more
     full = cand("r0", gpu=6000, running=32, max_running=32, decoding=long_decodes, rate=3.0, util=0.2)
     d = CostPolicy().route(req(6100), [full, idle])
     assert d.replica == "r1"
@@ -120,15 +120,15 @@ def test_decoding_requests_do_not_count_as_prefill_load() -> None:
 @pytest.mark.parametrize(
     ("decoding", "inflight", "expected"),
     [
-        (((1.0, 100), (0.5, 200)), 1, 0.0),  # a free slot
-        (((0.5, 100), (0.5, 200)), 2, 100 * 0.01 - 0.5),  # full: the first to finish frees one
-        (((0.2, 100), (0.5, 200)), 3, 200 * 0.01 - 0.5),  # one request already waits: the second
-        (((9.0, 100),), 2, 0.1 * 100 * 0.01),  # past its estimate: a tenth of it
+        (((1.0, 100, 0), (0.5, 200, 0)), 1, 0.0),  # a free slot
+        (((0.5, 100, 0), (0.5, 200, 0)), 2, 100 * 0.01 - 0.5),  # full: the first to finish frees one
+        (((0.2, 100, 0), (0.5, 200, 0)), 3, 200 * 0.01 - 0.5),  # one request already waits: the second
+        (((9.0, 100, 0),), 2, 0.1 * 100 * 0.01),  # past its estimate: a tenth of it
         ((), 2, 64 * 0.01),  # nothing known: one default output
     ],
 )
 def test_slot_wait_from_the_decoding_requests(
-    decoding: tuple[tuple[float, int], ...], inflight: int, expected: float
+    decoding: tuple[tuple[float, int, int], ...], inflight: int, expected: float
 ) -> None:
     state = ReplicaState("r", inflight_requests=inflight, max_running_requests=2, decoding=decoding)
     assert slot_wait_s(state, 0.01, 64) == pytest.approx(expected)

@@ -72,9 +72,13 @@ def memory_wait_s(state: ReplicaState, need: float, decode_s_per_token: float, d
     return max(freeing[-1][0] if freeing else 0.0, state.inflight_prefill_s)
 
 
+CLIP_OUTPUT_TOKENS = 4096  # SGLang's scheduler clips an output budget at this in its memory estimate
+
+
 def kv_need(req: RoutingRequest, uncached: float, default_tokens: int) -> float:
-    """The KV a request holds while in flight: its uncached prompt + its output budget."""
-    return uncached + (req.max_new_tokens or default_tokens)
+    """The KV a request holds while in flight: its uncached prompt + its output budget (clipped as
+    SGLang's scheduler clips it, ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``)."""
+    return uncached + min(req.max_new_tokens or default_tokens, CLIP_OUTPUT_TOKENS)
 
 
 def _remaining(elapsed: float, budget: int, decode_s_per_token: float) -> float:

@@ -67,13 +67,15 @@ def _client(gw_url: str) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=gw_url + "/v1", api_key="x", max_retries=0)
 
 
-async def chat(client: openai.AsyncOpenAI, msgs: list[dict[str, str]], tiers: bool) -> tuple[Answer, str]:
+async def chat(
+    client: openai.AsyncOpenAI, msgs: list[dict[str, str]], tiers: bool, max_tokens: int = 4
+) -> tuple[Answer, str]:
     """One chat completion through the gateway: who served it, what it cached, and the reply text."""
     extra = {"return_cached_tokens_details": True} if tiers else None
     raw = await client.chat.completions.with_raw_response.create(
         model=MODEL,
         messages=msgs,  # type: ignore[arg-type]
-        max_tokens=4,
+        max_tokens=max_tokens,
         extra_body=extra,
     )
     result = raw.parse()
@@ -89,9 +91,9 @@ async def chat(client: openai.AsyncOpenAI, msgs: list[dict[str, str]], tiers: bo
     return answer, result.choices[0].message.content or ""
 
 
-async def ask(client: openai.AsyncOpenAI, doc: str, question: str) -> Answer:
+async def ask(client: openai.AsyncOpenAI, doc: str, question: str, max_tokens: int = 4) -> Answer:
     """A question about ``doc`` (the document first, so questions about it share its prefix)."""
-    return (await chat(client, messages(doc, question), tiers=True))[0]
+    return (await chat(client, messages(doc, question), tiers=True, max_tokens=max_tokens))[0]
 
 
 async def converse(client: openai.AsyncOpenAI, doc: str, questions: Sequence[str]) -> list[Answer]:
@@ -212,12 +214,43 @@ async def test_a_popular_documents_holder_busy_decoding_keeps_its_hits(
     assert (await served(emus))[holder] == 1 + 8 + 6
 
 
-async def _decoding(client: openai.AsyncOpenAI, doc: str, question: str) -> openai.AsyncStream[Any]:
+async def test_a_hit_leaves_a_holder_whose_decoding_requests_fill_its_kv_pool(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """The memory side of the test above: decoding requests hold no prefill, but they hold KV. Four
+    long answers (3500 tokens each) on the holder hold ~14K of its 16K-token pool; a question that
+    needs 3500 tokens of room for its answer would wait there until one of them is done, so it goes to
+    the other replica and computes the document cold. A question with a short answer still fits beside
+    them: it stays on the holder."""
+    slow = (*BASE, *SMALL_GPU, "--emu-time-scale", "0.1")  # the last --emu-time-scale wins
+    emus = [await emulator_server(*slow) for _ in range(2)]
+    gw = await gateway([e.url for e in emus])
+    doc = document(4, 1000)
+    async with _client(gw.url) as client:
+        holder = (await ask(client, doc, "What is this document about?")).replica
+        streams = [await _decoding(client, doc, f"Explain part {i} at length.", 3500) for i in range(4)]
+        try:
+            async with emulator_server.http.get(gw.url + "/status") as resp:
+                loads = {r["id"]: r for r in (await resp.json())["replicas"]}
+            assert loads[holder]["inflight_requests"] == 4
+            assert 4 * 3500 <= loads[holder]["inflight_kv_tokens"] < 4 * 3600  # budgets + questions
+            short = await ask(client, doc, "Short question?")
+            long = await ask(client, doc, "Now explain all of it at length.", max_tokens=3500)
+        finally:
+            for s in streams:
+                await s.close()
+    assert (short.replica, long.replica) == (holder, next(e.url for e in emus if e.url != holder))
+    assert short.cached_tokens >= 1000 > long.cached_tokens
+
+
+async def _decoding(
+    client: openai.AsyncOpenAI, doc: str, question: str, max_tokens: int = 4000
+) -> openai.AsyncStream[Any]:
     """A streamed question with a long answer, returned once its first token is back (it is decoding)."""
     stream = await client.chat.completions.create(
         model=MODEL,
         messages=messages(doc, question),  # type: ignore[arg-type]
-        max_tokens=4000,
+        max_tokens=max_tokens,
         stream=True,
     )
     async for chunk in stream:

@@ -12,7 +12,7 @@ from routing.pipeline import NoCandidates
 from routing.placement import imposed_delay_s
 from routing.policies.cost import LoadTiePicker, SessionPicker
 from routing.protocols import Scored
-from routing.ttft import slot_wait_s
+from routing.ttft import memory_wait_s, slot_wait_s
 from routing.types import NO_MATCH, Candidate, PrefixMatch, Reason, ReplicaState, Report, RoutingRequest
 from tests.routing.harness import PolicyHarness
 
@@ -44,6 +44,8 @@ def cand(
     rate: float = 0.0,
     util: float = 0.0,
     healthy: bool = True,
+    kv: int = 0,
+    pool: int = 0,
 ) -> Candidate:
     state = ReplicaState(
         id=rid,
@@ -55,6 +57,8 @@ def cand(
         max_running_requests=max_running,
         arrival_rate=rate,
         utilization=util,
+        kv_tokens=kv,
+        gpu_tokens=pool,
     )
     return Candidate(state, PrefixMatch(gpu, host, storage))
 
@@ -132,6 +136,40 @@ def test_slot_wait_from_the_decoding_requests(
 ) -> None:
     state = ReplicaState("r", inflight_requests=inflight, max_running_requests=2, decoding=decoding)
     assert slot_wait_s(state, 0.01, 64) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("held", "decoding", "queued_s", "expected"),
+    [
+        (8000, ((1.0, 100, 4000),), 0.0, 0.0),  # 8000 held + 1100 needed fit in the 10000-token pool
+        (9500, ((0.5, 100, 4000), (0.5, 300, 5500)), 0.0, 100 * 0.01 - 0.5),  # the first to finish frees
+        (9500, ((0.5, 100, 500), (0.5, 300, 9000)), 0.0, 300 * 0.01 - 0.5),  # it frees too little: both
+        (9500, ((0.5, 100, 500),), 0.2, 100 * 0.01 - 0.5),  # the rest is queued: the decoder, at least
+        (9500, ((0.5, 100, 500),), 4.0, 4.0),  # ... or the queue ahead, once it is longer
+        (9500, (), 0.0, 0.0),  # nothing known of the decoders: no wait beyond the queue's
+    ],
+)
+def test_memory_wait_from_the_decoding_requests(
+    held: int, decoding: tuple[tuple[float, int, int], ...], queued_s: float, expected: float
+) -> None:
+    state = ReplicaState(
+        "r", kv_tokens=held, gpu_tokens=10_000, decoding=decoding, inflight_prefill_s=queued_s
+    )
+    assert memory_wait_s(state, 1100, 0.01, 64) == pytest.approx(expected)
+
+
+def test_a_replica_whose_pool_its_decoders_fill_is_avoided_though_its_prefill_queue_is_empty() -> None:
+    """Unique prompts on a slow-decoding fleet: r0's running requests hold its whole KV pool for ~2 s
+    more and nothing is queued for prefill; r1 has half a second of prefill queued and room. The
+    prompt goes to r1; without the pool's size (unknown) it would go to r0."""
+    held = tuple((1.0, 1000, 2000) for _ in range(5))  # 5 x 2000 tokens, ~(1000 x 0.003 - 1) s left each
+    full = cand("r0", running=5, decoding=held, kv=10_000, pool=10_000, rate=1.0, util=0.3)
+    roomy = cand("r1", queued_s=0.5, running=2, kv=3000, pool=10_000, rate=1.0, util=0.3)
+    cfg = RoutingConfig(prefill_tokens_per_s=4000.0, overhead_s=0.05, decode_s_per_token=0.003)
+    d = CostPolicy(cfg).route(req(1000), [full, roomy])
+    assert d.replica == "r1"
+    unknown = cand("r0", running=5, decoding=held, kv=10_000, pool=0, rate=1.0, util=0.3)
+    assert CostPolicy(cfg).route(req(1000), [unknown, roomy]).replica == "r0"
 
 
 # ---- reasons and tiers ------------------------------------------------------------------------------

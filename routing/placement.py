@@ -4,7 +4,7 @@ Sending request q to replica r costs q its own time to first token, and costs ev
 arrive at r while q's work is still ahead of it the time q's work takes. With, for replica r:
 
     x   = q's own work there: prefill of its uncached tokens + reload of its host/storage tokens (s)
-    W   = the work already queued ahead of it, prefill and running-slot wait (s)  (routing.ttft)
+    W   = the wait ahead of it: queued prefill and running-slot wait, or KV-memory wait (s)  (routing.ttft)
     λ   = the rate of requests recently routed to r (1/s)
     ρ   = r's recent prefill utilization: the measured fraction of time its engine spent serving
           prefills (from the first bytes, proxy/load.py), bias-corrected at start-up, capped at
@@ -31,8 +31,8 @@ Why this beats both greedy and sticky routing:
   (λ → 0) the cost is ttft, i.e. greedy, which is right when capacity is free.
 
 Requests that are only decoding add nothing to W, λ's work or ρ: they hold up no prefill. They count only
-through the running slots (``routing.ttft.slot_wait_s``). Sessions and tie-breaks are the pickers'
-business (``routing.policies.cost``).
+through what they hold: running slots and KV memory (``routing.ttft.slot_wait_s``, ``memory_wait_s``).
+Sessions and tie-breaks are the pickers' business (``routing.policies.cost``).
 """
 
 from __future__ import annotations

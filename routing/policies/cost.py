@@ -4,12 +4,12 @@ The composition (``routing.protocols``), each exit naming a Reason:
 
 1. Filter: healthy, not draining replicas (``HealthyFilter``).
 2. Score (``routing.placement.PlacementScorer``): predicted TTFT there (queue of prefill work and
-   running-slot wait + prefill of the uncached tokens + host/storage reload + overhead, rates learned
-   online, ``routing.ttft``) plus the delay the request's own work imposes on the requests that will
-   arrive behind it there, ``x · λ · (W + x) / (1 - ρ)``. A shared prefix cached everywhere costs the same
-   everywhere and does not attract traffic; a document cached on one replica is a cheap hit there and a
-   costly copy elsewhere, which a busy fleet pays for many times; it is copied when its holder nears
-   saturation.
+   running-slot wait, or the wait for KV memory if later + prefill of the uncached tokens +
+   host/storage reload + overhead, rates learned online, ``routing.ttft``) plus the delay the
+   request's own work imposes on the requests that will arrive behind it there,
+   ``x · λ · (W + x) / (1 - ρ)``. A shared prefix cached everywhere costs the same everywhere and does
+   not attract traffic; a document cached on one replica is a cheap hit there and a costly copy
+   elsewhere, which a busy fleet pays for many times; it is copied when its holder nears saturation.
 3. Pick (``LoadTiePicker``): lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie
    and go to the fewest prefill tokens in flight, then to the least recently chosen, then to a seeded
    draw, so misses spread evenly over idle replicas.

@@ -75,6 +75,7 @@ class Metrics:
                 ("hicache_host_used_tokens", "Used tokens in the HiCache host pool."),
                 ("hicache_host_total_tokens", "Total tokens in the HiCache host pool."),
                 ("mamba_usage", "The mamba state pool usage."),
+                ("new_token_ratio", "The new token ratio."),
             )
         }
         self.cache_counters = {
@@ -168,6 +169,7 @@ class Metrics:
         g["hicache_host_used_tokens"].set(stats.host_used)
         g["hicache_host_total_tokens"].set(stats.host_capacity)
         g["mamba_usage"].set(stats.mamba_used / self._mamba_slots if self._mamba_slots else 0.0)
+        g["new_token_ratio"].set(1.0)  # admission charges running requests their whole output (engine.py)
         for _name, stat in _CACHE_COUNTERS:
             value = int(getattr(stats, f"{stat}_total"))
             delta = value - self._cache_seen.get(stat, 0)

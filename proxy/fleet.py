@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from proxy.breaker import BreakerPolicy
 from proxy.errors import UpstreamError
@@ -90,6 +90,13 @@ class Fleet:
         if replica is not None:
             replica.draining = draining
         return replica is not None
+
+    def note_scrape(self, replica_id: ReplicaId, gauges: Mapping[str, float]) -> None:
+        """A replica's scraped gauges: its ``new_token_ratio`` is the part of their output budget that
+        its running requests are charged for memory (``proxy/load.py``)."""
+        r, ratio = self.get(replica_id), gauges.get("new_token_ratio")
+        if r is not None and ratio is not None:
+            r.running_reserve = min(max(ratio, 0.0), 1.0)
 
     def get(self, replica_id: ReplicaId) -> Replica | None:
         return self._replicas.get(replica_id)

@@ -15,7 +15,10 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   TTFT has passed (the gateway sees no first token then). A decoding request holds a running slot and
   no prefill: it never counts as prefill load. It holds KV memory and a running slot, as a queued one
   does: ``kv_tokens`` sums, over the requests in flight, the KV each holds (its predicted uncached prompt
-  + output budget, ``routing.ttft.kv_need``). When a replica's requests fill its
+  + output budget, ``routing.ttft.kv_need``); a decoding request's output budget counts at the
+  replica's ``new_token_ratio`` (``reserve``: SGLang charges a running request that fraction of the
+  budget it has left, and lowers it towards ~0.1 while nothing is retracted; the emulator, which
+  reserves whole outputs, reports 1.0). When a replica's requests fill its
   ``max_running_requests``, or hold half its device pool or more, routing needs how long until a slot or
   memory frees: ``decoding`` lists, per decoding request, the seconds it has decoded, its output budget
   (0 when unbounded) and the KV it holds, filled only then.
@@ -133,6 +136,7 @@ class ReplicaLoad:
     queued_work_s: float = 0.0
     queued_reload_s: float = 0.0
     kv_tokens: int = 0  # KV held by every request in flight (queued and decoding)
+    running_output: int = 0  # the output-budget part of it that the decoding requests hold
     last_first_s: float = 0.0
     last_live_s: float = float("-inf")  # the last live request sent
     arrivals: DecayingRate = field(default_factory=DecayingRate)
@@ -159,24 +163,38 @@ class ReplicaLoad:
             w.first_s = now
             self.last_first_s = max(self.last_first_s, now)
             self.decoding[w] = None
+            self.running_output += _output(w)
 
     def release(self, w: Work, now: float) -> None:
         if w in self.queue:
             self._dequeue(w, now)
-        elif w not in self.decoding:
+        elif w in self.decoding:
+            del self.decoding[w]
+            self.running_output -= _output(w)
+        else:
             return
-        self.decoding.pop(w, None)
         self.kv_tokens -= w.kv_tokens
 
-    def view(self, now: float, max_running: int, s_per_token: float = 0.0, pool_tokens: int = 0) -> LoadView:
+    def view(
+        self,
+        now: float,
+        max_running: int,
+        s_per_token: float = 0.0,
+        pool_tokens: int = 0,
+        reserve: float = 1.0,
+    ) -> LoadView:
         """The load now; ``s_per_token`` > 0 reprices queued prefill at that rate; ``pool_tokens`` is the
-        device KV pool (0: unknown) (module docstring)."""
+        device KV pool (0: unknown); ``reserve`` the part of their output budget that running requests
+        are charged (the replica's ``new_token_ratio``) (module docstring)."""
         self._promote_unstreamed(now)
         inflight = len(self.queue) + len(self.decoding)
+        held = max(0, self.kv_tokens - round((1.0 - reserve) * self.running_output))
         full = max_running > 0 and inflight >= max_running
-        full = full or 0 < pool_tokens <= 2 * self.kv_tokens
+        full = full or 0 < pool_tokens <= 2 * held
         decoding = (
-            tuple((now - (w.first_s or now), w.budget, w.kv_tokens) for w in self.decoding) if full else ()
+            tuple((now - (w.first_s or now), w.budget, _held(w, reserve)) for w in self.decoding)
+            if full
+            else ()
         )
         unbias = self.epoch.correction(now, self.window_s)
         return LoadView(
@@ -186,7 +204,7 @@ class ReplicaLoad:
             decoding,
             self.arrivals.at(now) * unbias,
             min(1.0, self._utilization(now) * unbias),
-            max(0, self.kv_tokens),
+            held,
         )
 
     def _utilization(self, now: float) -> float:
@@ -221,6 +239,16 @@ class ReplicaLoad:
         self.queued_tokens -= w.prefill_tokens
         self.queued_work_s = max(0.0, self.queued_work_s - w.work_s) if self.queue else 0.0
         self.queued_reload_s = max(0.0, self.queued_reload_s - w.reload_s) if self.queue else 0.0
+
+
+def _output(w: Work) -> int:
+    """The output-budget part of what a request holds."""
+    return max(0, w.kv_tokens - w.prefill_tokens)
+
+
+def _held(w: Work, reserve: float) -> int:
+    """What a running request holds, its output budget charged at ``reserve``."""
+    return w.kv_tokens - round((1.0 - reserve) * _output(w))
 
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:

@@ -30,6 +30,7 @@ async def observe_ctx(app: web.Application) -> AsyncIterator[None]:
     gw.metrics.watch(FleetCollector(gw.fleet, gw.router))
     scraper = gw.metrics.scraper
     scraper.set_interval(scrape_interval(gw.settings.health_interval))
+    scraper.on_sample = lambda replica, sample: gw.fleet.note_scrape(replica, sample.gauges)
     task = asyncio.get_running_loop().create_task(scraper.run(gw.up))
     try:
         yield

@@ -30,6 +30,7 @@ class Replica:
 
     __slots__ = (
         "breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "pricing", "remote",
+        "running_reserve",
     )  # fmt: skip
 
     def __init__(
@@ -48,6 +49,7 @@ class Replica:
         self.failures = 0
         self.load = ReplicaLoad(window_s, epoch or TrafficEpoch())
         self.remote: LoadView | None = None  # other gateways' load on it (proxy/state_sync.py)
+        self.running_reserve = 1.0  # its sglang:new_token_ratio, once scraped (proxy/load.py)
         self.last_error: str | None = None
         self.breaker = Breaker(breaker)
 
@@ -58,9 +60,8 @@ class Replica:
     def state(self, now: float | None = None) -> ReplicaState:
         i = self.info
         now = time.monotonic() if now is None else now
-        load = self.load.view(
-            now, i.max_running_requests if i else 0, self.pricing(self.id), i.gpu_tokens if i else 0
-        )
+        running, pool = (i.max_running_requests, i.gpu_tokens) if i else (0, 0)
+        load = self.load.view(now, running, self.pricing(self.id), pool, self.running_reserve)
         if self.remote is not None:
             load = combined(load, self.remote)
         return ReplicaState(
@@ -96,6 +97,7 @@ class Replica:
             "inflight_requests": self.inflight_requests,
             "inflight_prefill_tokens": self.load.queued_tokens,
             "inflight_kv_tokens": self.load.kv_tokens,
+            "running_reserve": self.running_reserve,
             "gpu_tokens": i.gpu_tokens if i else None,
             "host_tokens": i.host_tokens if i else None,
             "page_size": i.page_size if i else None,

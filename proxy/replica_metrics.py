@@ -46,8 +46,9 @@ GAUGES = (
     "gen_throughput",
     "hicache_host_used_tokens",
     "hicache_host_total_tokens",
+    "new_token_ratio",
 )
-RATIOS = frozenset({"token_usage", "cache_hit_rate"})
+RATIOS = frozenset({"token_usage", "cache_hit_rate", "new_token_ratio"})
 TIERS = ("device", "host", "storage")
 PROMPT, CACHED = "prompt_tokens_total", "cached_tokens_total"
 _NAMES = (*GAUGES, PROMPT, CACHED)
@@ -119,8 +120,10 @@ class ReplicaScraper:
         interval_s: float = MAX_INTERVAL_S,
         timeout_s: float | None = None,
         window_s: float = WINDOW_S,
+        on_sample: Callable[[str, Scraped], None] | None = None,
     ) -> None:
         self._replicas = replicas
+        self.on_sample = on_sample  # told of every good scrape (the fleet takes new_token_ratio from it)
         self.interval_s, self.timeout_s = interval_s, timeout_s or min(MAX_TIMEOUT_S, interval_s)
         self.window_s = window_s
         self.states: dict[str, ScrapeState] = {}
@@ -170,6 +173,8 @@ class ReplicaScraper:
         w.append(new)
         while len(w) > 2 and new.at - w[1].at >= self.window_s:
             w.popleft()
+        if self.on_sample is not None:
+            self.on_sample(replica, new)
 
     def age_s(self, replica: str, now: float | None = None) -> float | None:
         """Seconds since the replica's last good scrape; None before the first."""

@@ -193,3 +193,19 @@ def test_queued_prefill_is_priced_at_the_current_rate_when_one_is_given() -> Non
     assert r.view(5.0, 0, 0.0002).inflight_prefill_s == pytest.approx(0.7)  # a overdue: b's work stays
     r.first_token(a, 5.0)
     assert r.view(5.0, 0, 0.0002).inflight_prefill_s == pytest.approx(0.7)
+
+
+def test_a_running_requests_output_budget_counts_at_the_replicas_ratio() -> None:
+    """SGLang charges a running request new_token_ratio x its output budget; a queued one is charged
+    the whole budget when it is admitted."""
+    r = load()
+    a = work(0.0)
+    a.kv_tokens = 1064  # 1000 uncached + a 64-token budget
+    r.add(a)
+    assert r.view(0.5, 0, reserve=0.25).kv_tokens == 1064
+    r.first_token(a, 1.0)
+    assert r.view(1.5, 0, reserve=0.25).kv_tokens == 1000 + 16
+    assert r.view(1.5, 1, reserve=0.25).decoding == ((0.5, 64, 1016),)
+    assert r.view(1.5, 0).kv_tokens == 1064
+    r.release(a, 2.0)
+    assert (r.kv_tokens, r.running_output) == (0, 0)

@@ -40,6 +40,10 @@ async def test_replicas_with_and_without_metrics(emulator_server: Emulators, gat
     await scraper.scrape_all(gw.gw.up)  # before any traffic: every counter is 0
     for _ in range(4):
         assert (await chat(gw.url, "one question, asked again", stream=True))[0] == 200
+    for r in (on, off):
+        replica = gw.gw.fleet.get(r.url)
+        assert replica is not None
+        replica.running_reserve = 0.3
     await scraper.scrape_all(gw.gw.up)
     text = gw.metrics()
     assert value(text, "kvroute_replica_metrics_enabled", replica=on.url) == 1
@@ -69,6 +73,9 @@ async def test_replicas_with_and_without_metrics(emulator_server: Emulators, gat
     rows = {row["id"]: row for row in doc["replicas"]}
     assert rows[on.url]["reported"]["enabled"] is True and rows[off.url]["reported"]["enabled"] is False
     assert rows[on.url]["reported"]["gauges"]["hicache_host_total_tokens"] == 200_016
+    # the emulator charges running requests their whole output: new_token_ratio 1.0, which the fleet takes
+    assert rows[on.url]["reported"]["gauges"]["new_token_ratio"] == 1.0
+    assert (rows[on.url]["running_reserve"], rows[off.url]["running_reserve"]) == (1.0, 0.3)
     assert rows[off.url]["reported"]["gauges"] == {}
     assert rows[on.url]["hit_ratio"]["device"] == pytest.approx(device / prompt)
     assert rows[off.url]["hit_ratio"]["device"] is None and rows[off.url]["hit_ratio"]["gateway"] > 0

@@ -115,6 +115,7 @@ async def test_loads_and_rates_are_shared(
     lease = a.gw.fleet.acquire(urls[0], _work())  # a request in flight on a, as b sees it
     try:
         await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 1, 3)
+        assert b.gw.fleet.get(urls[0]).state().kv_tokens == 1016  # the KV it holds, shared too
     finally:
         lease.release()
     await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 0, 3)
@@ -123,7 +124,7 @@ async def test_loads_and_rates_are_shared(
 def _work() -> Any:
     from proxy.load import Work
 
-    return Work(time.monotonic(), 1000, 0.5, 0.5, budget=16, streamed=True)
+    return Work(time.monotonic(), 1000, 0.5, 0.5, budget=16, streamed=True, kv_tokens=1016)
 
 
 async def test_redis_killed_restarted_and_flushed_mid_run_loses_no_request(

@@ -6,10 +6,11 @@ scraped, so a family always shows the fleet as it is now. They write text (``pro
 - ``MembershipCollector``: ``kvroute_replica_healthy``, ``kvroute_inflight_requests`` per replica.
 - ``AccuracyCollector``: the cache model's predicted vs reported cached tokens (means, error ratio).
 - ``FleetCollector``: per replica the load in work (``proxy/load.py``: queued prefill seconds and tokens,
-  utilization, arrival rate, draining), its circuit breaker (state, trips) and the cache model per
-  tier (``routing.status``): blocks, the engine tokens they weigh, the capacity, and the estimated
-  bytes ``table_bytes + KEY_BYTES x blocks`` (the dict table measured, a 64-bit int key per block; a
-  key shared by two tiers is counted in each, so this is an upper bound); the tickets still open.
+  the KV held by requests in flight, utilization, arrival rate, draining), its circuit breaker (state,
+  trips) and the cache model per tier (``routing.status``): blocks, the engine tokens they weigh, the
+  capacity, and the estimated bytes ``table_bytes + KEY_BYTES x blocks`` (the dict table measured, a
+  64-bit int key per block; a key shared by two tiers is counted in each, so this is an upper bound);
+  the tickets still open.
 - ``ScrapedCollector``: each replica's ``sglang:*`` figures as ``kvroute_replica_sglang_<name>{replica}``
   (gauges; ``prompt_tokens_total`` and ``cached_tokens_total{cache_source}`` as counters), the hit ratio
   per tier over the scraper's window, and the scraper's own state (metrics enabled, age of the last good
@@ -99,6 +100,7 @@ class FleetCollector(TextCollector):
     def _load(self) -> Iterator[str]:
         queued_s = _gauge("kvroute_replica_queued_prefill_seconds", "Predicted prefill work queued")
         queued_t = _gauge("kvroute_replica_queued_prefill_tokens", "Uncached prompt tokens queued")
+        held = _gauge("kvroute_replica_held_kv_tokens", "KV held by requests in flight (prompt + budget)")
         util = _gauge("kvroute_replica_utilization_ratio", "Decaying fraction of time prefill was busy")
         rate = _gauge("kvroute_replica_arrival_rate_per_second", "Decaying rate of requests routed")
         draining = _gauge("kvroute_replica_draining", "1 while the replica is draining")
@@ -109,12 +111,13 @@ class FleetCollector(TextCollector):
             s, key = r.state(now), (r.id,)
             queued_s.add(key, s.inflight_prefill_s)
             queued_t.add(key, s.inflight_prefill_tokens)
+            held.add(key, s.kv_tokens)
             util.add(key, s.utilization)
             rate.add(key, s.arrival_rate)
             draining.add(key, 1.0 if r.draining else 0.0)
             breaker.add(key, STATE_CODES[r.breaker.state(now)])
             trips.add(key, r.breaker.trips_total)
-        yield from (f.text() for f in (queued_s, queued_t, util, rate, draining, breaker, trips))
+        yield from (f.text() for f in (queued_s, queued_t, held, util, rate, draining, breaker, trips))
 
     def _cache_model(self) -> Iterator[str]:
         blocks = _gauge("kvroute_cache_model_blocks", "Blocks the cache model holds", REPLICA_TIER)

@@ -148,7 +148,10 @@ async def test_load_and_cache_model_gauges(stack: Stack) -> None:
     assert by(text, "kvroute_inflight_requests", "replica") == {u: float(u in busy) for u in stack.urls}
     queued = by(text, "kvroute_replica_queued_prefill_seconds", "replica")
     assert queued[busy[0]] > 0 and sum(queued.values()) == queued[busy[0]]
-    assert by(text, "kvroute_replica_queued_prefill_tokens", "replica")[busy[0]] > 800
+    tokens = by(text, "kvroute_replica_queued_prefill_tokens", "replica")[busy[0]]
+    assert tokens > 800
+    held = by(text, "kvroute_replica_held_kv_tokens", "replica")  # its uncached prompt + its output budget
+    assert held[busy[0]] > tokens and sum(held.values()) == held[busy[0]]
     # the queued request is in service on its replica (the others served only near-instant warm-ups)
     assert by(text, "kvroute_replica_utilization_ratio", "replica")[busy[0]] > 0
     assert all(v > 0 for v in by(text, "kvroute_replica_arrival_rate_per_second", "replica").values())

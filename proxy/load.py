@@ -188,7 +188,7 @@ class ReplicaLoad:
         are charged (the replica's ``new_token_ratio``) (module docstring)."""
         self._promote_unstreamed(now)
         inflight = len(self.queue) + len(self.decoding)
-        held = max(0, self.kv_tokens - round((1.0 - reserve) * self.running_output))
+        held = self.held(reserve)
         full = max_running > 0 and inflight >= max_running
         full = full or 0 < pool_tokens <= 2 * held
         decoding = (
@@ -206,6 +206,10 @@ class ReplicaLoad:
             min(1.0, self._utilization(now) * unbias),
             held,
         )
+
+    def held(self, reserve: float = 1.0) -> int:
+        """The KV its requests in flight hold, the running ones' output budgets charged at ``reserve``."""
+        return max(0, _charged(self.kv_tokens, self.running_output, reserve))
 
     def _utilization(self, now: float) -> float:
         """The decaying fraction of time spent serving, the head of the queue's service so far included."""
@@ -248,7 +252,12 @@ def _output(w: Work) -> int:
 
 def _held(w: Work, reserve: float) -> int:
     """What a running request holds, its output budget charged at ``reserve``."""
-    return w.kv_tokens - round((1.0 - reserve) * _output(w))
+    return _charged(w.kv_tokens, _output(w), reserve)
+
+
+def _charged(kv_tokens: int, output_tokens: int, reserve: float) -> int:
+    """KV tokens with their output-budget part charged at ``reserve``."""
+    return kv_tokens - round((1.0 - reserve) * output_tokens)
 
 
 def combined(local: LoadView, remote: LoadView) -> LoadView:

@@ -96,7 +96,7 @@ class Replica:
             "model": i.served_model if i else None,
             "inflight_requests": self.inflight_requests,
             "inflight_prefill_tokens": self.load.queued_tokens,
-            "inflight_kv_tokens": self.load.kv_tokens,
+            "inflight_kv_tokens": self.load.held(self.running_reserve),
             "running_reserve": self.running_reserve,
             "gpu_tokens": i.gpu_tokens if i else None,
             "host_tokens": i.host_tokens if i else None,

@@ -43,7 +43,7 @@ class LoadPart:
         now = time.monotonic()
         out = {}
         for r in self.fleet.replicas():
-            v = r.load.view(now, 0, r.pricing(r.id))  # queued work at the current rate, as snapshots
+            v = r.load.view(now, 0, r.pricing(r.id), 0, r.running_reserve)  # priced as snapshots price it
             out[r.id] = [
                 v.inflight_requests,
                 v.inflight_prefill_tokens,

@@ -116,6 +116,9 @@ async def test_loads_and_rates_are_shared(
     try:
         await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 1, 3)
         assert b.gw.fleet.get(urls[0]).state().kv_tokens == 1016  # the KV it holds, shared too
+        a.gw.fleet.get(urls[0]).running_reserve = 0.5  # as a's scrape of the replica set it
+        lease.first_token()  # running now: its 16-token budget counts at the replica's ratio, on b too
+        await wait_for(lambda: b.gw.fleet.get(urls[0]).state().kv_tokens == 1008, 3)
     finally:
         lease.release()
     await wait_for(lambda: b.gw.fleet.get(urls[0]).state().inflight_requests == 0, 3)

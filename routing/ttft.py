@@ -10,7 +10,8 @@ For a request with P estimated prompt tokens and a candidate whose cache model m
                 remaining = max(budget, ...) x decode_s_per_token - seconds decoded (budget 0:
                 default_new_tokens; a request already past its estimate counts a tenth of it); else 0
     memory_wait = when the KV the requests in flight hold (K, ``kv_tokens``: each one's uncached prompt +
-                output budget) + this request's need (uncached + its budget) exceed the device pool
+                output budget, a running one's at its replica's ``new_token_ratio``) + this request's
+                need (uncached + its budget) exceed the device pool
                 (``gpu_tokens``): the smallest remaining decode time by which the decoding requests
                 that finish first free the excess; when they cannot, the time by which all of them and
                 the queue ahead are done (``inflight_prefill_s``, at least the last decoder's); else 0

@@ -84,6 +84,7 @@ class Replica:
             resume_interval=i.resume_interval if i else 0,
             resume_at_end=i.resume_at_end if i else True,
             max_running_requests=i.max_running_requests if i else 0,
+            chunk_tokens=i.chunked_prefill_size if i else 0,
             started_at=i.started_at if i else 0.0,
         )
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from math import inf
 
 from routing.calibration import AccuracyStats, Calibration, Sample
+from routing.chunk_tail import Tail, next_tail
 from routing.config import RoutingConfig
 from routing.exact import ExactState, KvMode
 from routing.kv_events import EventBatch
@@ -65,6 +66,7 @@ class _Replica:
     tiers: ReplicaTiers
     ends: SequenceEnds  # hybrid: where recorded prompts ended (routing.resume)
     exact: ExactState | None = None  # set by the first KV-event batch (routing.exact)
+    tail: Tail | None = None  # the last request routed here (routing.chunk_tail)
 
 
 class CacheModel:
@@ -104,6 +106,7 @@ class CacheModel:
         if r is not None:
             r.tiers.restart()
             r.ends.clear()
+            r.tail = None
             if r.exact is not None:
                 r.exact.clear(r.tiers)
         self._provisional.drop(replica)
@@ -188,21 +191,35 @@ class CacheModel:
                 continue
             g, h, s = r.tiers.runs(hashes, reverse)
             if g or h or s:
-                resume = resume_limit(req, r.state, r.ends, g + h + s) if state.resume_interval > 0 else inf
-                out[state.id] = reused_prefix(req, g, h, s, resume)
+                out[state.id] = reused_prefix(req, g, h, s, self._limit(r, req, g + h + s))
         return out
 
-    def record(self, req: RoutingRequest, replica: ReplicaId) -> Recorded | None:
-        """Inserts the request's blocks on ``replica``; the receipt goes back to ``settle``."""
+    def _limit(self, r: _Replica, req: RoutingRequest, n: int) -> float:
+        """Tokens of ``n`` leading blocks the engine can resume from: a hybrid replica's resume point,
+        and what the requests in the replica's last queued step have not inserted yet
+        (``routing.chunk_tail``)."""
+        limit = resume_limit(req, r.state, r.ends, n) if r.state.resume_interval > 0 else inf
+        return limit if r.tail is None else min(limit, self._tail_limit(r, req))
+
+    def _tail_limit(self, r: _Replica, req: RoutingRequest) -> float:
+        rid, provisional = r.state.id, self._provisional
+        return inf if r.tail is None else r.tail.limit(req, r.state, lambda b: provisional.holds(rid, b))
+
+    def record(self, req: RoutingRequest, replica: ReplicaId, prefill_s: float = 0.0) -> Recorded | None:
+        """Inserts the request's blocks on ``replica`` (``prefill_s``: its predicted prefill there); the
+        receipt goes back to ``settle``."""
         r = self._replicas.get(replica)
         hashes = req.block_hashes
         if r is None or not hashes:
             return None
         g, h, s = r.tiers.runs(hashes)
+        resume = resume_limit(req, r.state, r.ends, g + h + s)
+        m = reused_prefix(req, g, h, s, min(resume, self._tail_limit(r, req)))
+        reach = reused_prefix(req, g, h, s, resume).total_tokens
+        r.tail = next_tail(r.tail, req, r.state, m.total_tokens, reach, prefill_s)
         held_from = self._provisional.first_held(replica, hashes[: g + h + s])
         self._provisional.hold(replica, hashes[held_from:])  # before the insert: exact mode keeps them
         r.tiers.insert(hashes, req.block_tokens, (g, h, s))
-        m = reused_prefix(req, g, h, s, resume_limit(req, r.state, r.ends, g + h + s))
         new_end = False
         if r.state.resume_interval > 0 and r.state.resume_at_end:
             new_end = r.ends.add(hashes, req.prompt_tokens, req.block_tokens)

@@ -259,7 +259,7 @@ class Router:
         cand = next((c for c in cands if c.state.id == replica), None) or Candidate(ReplicaState(replica))
         terms = terms or predict_ttft(rreq, cand, self.rates.get(replica), self.cfg.default_new_tokens)
         self.policy.chose(rreq, replica)
-        recorded = self.cache.record(rreq, replica)
+        recorded = self.cache.record(rreq, replica, terms.prefill_s)
         if self.outbox.is_open:
             r = rreq
             self.outbox.put(Routed(replica, r.block_hashes, r.block_tokens, r.prompt_tokens, r.session_key))

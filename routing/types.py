@@ -84,6 +84,7 @@ class ReplicaState:
     resume_interval: int = 0
     resume_at_end: bool = True  # hybrid: a served prompt's end is a resume point too (not with extra_buffer)
     max_running_requests: int = 0  # 0 = unknown
+    chunk_tokens: int = 0  # chunked_prefill_size: tokens per prefill chunk; -1 = chunking off, 0 = unknown
     started_at: float = 0.0  # replica start time as reported; a change means a restart
 
 

@@ -424,3 +424,29 @@ async def test_hybrid_replica_reuse_of_a_shared_document_is_predicted(
         model = (await resp.json())["cache_model"][hybrid.url]
     assert model["error_ratio"] < 0.05  # the model cuts the match to the chunk grid (was 0.256 without)
     assert model["gpu_factor"] == 1.0  # nothing was evicted: the shortfall is not blamed on the pool
+
+
+# ---- 7. a repeat queued behind its first copy finds it only up to that copy's last prefill chunk -------
+async def test_a_repeat_routed_while_its_first_copy_prefills_is_predicted_to_miss_its_last_chunk(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """The engine admits a request queued behind a chunked prefill in the step of that prefill's last
+    chunk and matches its cache then: the last chunk is not in it yet (routing.chunk_tail). The model
+    predicted the whole document before (error ~1,900 tokens on the repeat)."""
+    slow = (*BASE, "--emu-time-scale", "0.1")  # the last --emu-time-scale wins: a 0.3 s cold prefill
+    emu = await emulator_server(*slow)
+    gw = await gateway([emu.url])
+    doc = document(10, 8000)
+    async with _client(gw.url) as client:
+        await ask(client, document(11, 8000), "Hello?")  # the gateway learns the tokens per character
+        first = asyncio.create_task(ask(client, doc, "What is this document about?"))
+        await wait_for(lambda: bool(emu.replica.engine.prefilling))  # its first chunk runs
+        repeat = await ask(client, doc, "Which word comes first?")
+        answers = [await first, repeat]
+    head = answers[0].cached_tokens  # the chat template's first tokens, cached by the first request
+    if head > 16 or repeat.cached_tokens != head + 3 * 2048:  # chunks of 2048 (--chunked-prefill-size)
+        pytest.fail(f"unexpected replica behaviour: {answers}")
+    async with emulator_server.http.get(gw.url + "/status") as resp:
+        model = (await resp.json())["cache_model"][emu.url]
+    assert model["requests"] == 3
+    assert model["abs_error_tokens"] < 200, model  # all within a few blocks of the reports

@@ -23,6 +23,7 @@ seconds (``last_s``). A request routed to the replica while the tail is *open* j
                     its last chunk is a later step, when everything it matched is in the tree:
                     cut = max(cached + before, reach) (reach: its match before this cap),
                     room' = C - last, last_s' = prefill_s x last / uncached, cuts' = [cut]
+    room' < page_size:  no tail (the next request starts a step of its own and finds everything)
 
 ``limit`` caps what a new request can reuse on the replica at the smallest cut it shares while the tail
 is open: the request's block at the cut is the tail's (block hashes chain, so the prefix up to it is

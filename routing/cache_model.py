@@ -198,8 +198,7 @@ class CacheModel:
         """Tokens of ``n`` leading blocks the engine can resume from: a hybrid replica's resume point,
         and what the requests in the replica's last queued step have not inserted yet
         (``routing.chunk_tail``)."""
-        limit = resume_limit(req, r.state, r.ends, n) if r.state.resume_interval > 0 else inf
-        return limit if r.tail is None else min(limit, self._tail_limit(r, req))
+        return min(resume_limit(req, r.state, r.ends, n), self._tail_limit(r, req))
 
     def _tail_limit(self, r: _Replica, req: RoutingRequest) -> float:
         rid, provisional = r.state.id, self._provisional

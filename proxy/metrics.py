@@ -12,6 +12,8 @@ kvroute_errors_total{route,status_class,error}        answers >= 400: ``error`` 
 kvroute_decisions_total{policy,reason}                routing decisions by Reason
 kvroute_upstream_errors_total{replica,kind}           connection failures, timeouts, 5xx before the first byte
 kvroute_retries_total{replica}                        attempts moved to another replica
+kvroute_first_byte_waits_extended_total{replica}      first-byte deadlines passed while the replica was
+                                                      working: the request kept waiting (proxy/liveness.py)
 kvroute_retry_budget_exhausted_total{route}           retries the retry budget refused (the error returned)
 kvroute_stream_errors_total{replica}                  streams cut after their first byte (one SSE error event)
 kvroute_client_disconnects_total{route}               clients that left early (upstream aborted)
@@ -154,6 +156,9 @@ class GatewayMetrics:
         self.decisions = counter("kvroute_decisions", "Routing decisions", "policy", "reason")
         self.upstream_errors = counter("kvroute_upstream_errors", "Upstream failures", "replica", "kind")
         self.retries = counter("kvroute_retries", "Attempts moved to another replica", "replica")
+        self.first_byte_waits_extended = counter(
+            "kvroute_first_byte_waits_extended", "First-byte waits kept past their deadline", "replica"
+        )
         self.retry_budget_exhausted = counter(
             "kvroute_retry_budget_exhausted", "Retries refused by the retry budget", "route"
         )

@@ -36,6 +36,7 @@ from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
 from proxy.kv_subscriber import kv_events_ctx
+from proxy.liveness import Liveness
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx, observe_tokenizer
@@ -72,7 +73,15 @@ def build_gateway(settings: Settings) -> Gateway:
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
-    gw.upstream = Upstream(session, gw.settings.connect_timeout)
+    st = gw.settings
+    extended = gw.metrics.first_byte_waits_extended
+    gw.upstream = Upstream(
+        session,
+        st.connect_timeout,
+        Liveness(st.first_byte_timeout),
+        st.request_timeout,
+        lambda replica: extended.labels(replica).inc(),
+    )
     try:
         yield
     finally:

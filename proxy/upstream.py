@@ -19,32 +19,68 @@ Error classification (what the handler may retry on another replica):
   it: ``UpstreamUnavailable(retryable=False)`` (the client already has bytes).
 
 Deadlines are loop times (``asyncio.timeout_at``), not aiohttp's ``sock_read``: one socket read timeout
-cannot tell a long prefill from an idle stream.
+cannot tell a long prefill from an idle stream. A first-byte deadline waits on while the replica is
+working, i.e. sent body bytes to any request within the liveness window (``proxy/liveness.py``), up to
+``request_timeout``: a busy replica's queued request is not aborted and moved.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.liveness import Liveness, Origin, PatientTimeout
 
 log = logging.getLogger("kvroute.upstream")
 ABORT_TIMEOUT_S = 2.0
 
 
 class Upstream:
-    def __init__(self, session: aiohttp.ClientSession, connect_timeout: float) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        connect_timeout: float,
+        liveness: Liveness | None = None,
+        max_wait_s: float = 600.0,
+        on_extend: Callable[[str], None] | None = None,
+    ) -> None:
         self.session = session
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
         )
+        self.liveness = liveness or Liveness(5.0)
+        self._max_wait_s = max_wait_s
+        self._on_extend = on_extend  # told the replica id of each first-byte wait that went on
+        self._ids: dict[Origin, str] = {}  # replica ids by the origin of their responses
+        self._origins: dict[str, Origin] = {}
+
+    def _first_byte(self, origin: Origin, deadline: float) -> PatientTimeout:
+        """The wait for a first byte: past ``deadline`` only while the replica is working."""
+        cap = asyncio.get_running_loop().time() + self._max_wait_s
+        tell = self._on_extend
+        extended = None if tell is None else (lambda: tell(self._ids.get(origin, "")))
+        return PatientTimeout(deadline, cap, lambda: self.liveness.working_until(origin), extended)
+
+    def _origin(self, replica: str) -> Origin:
+        """(host, port) of a replica id (base URL), as its responses' ``resp.url`` gives them."""
+        origin = self._origins.get(replica)
+        if origin is None:
+            url = yarl.URL(replica)
+            origin = self._origins[replica] = (url.host, url.port)
+            self._ids[origin] = replica
+        return origin
+
+    def _beat(self, resp: aiohttp.ClientResponse) -> None:
+        url = resp.url
+        self.liveness.beat((url.host, url.port), asyncio.get_running_loop().time())
 
     @staticmethod
     def new_session(max_connections: int = 0) -> aiohttp.ClientSession:
@@ -67,7 +103,7 @@ class Upstream:
         """Sends one request; returns the response once its headers arrived (any status), by the loop
         time ``deadline``."""
         try:
-            async with asyncio.timeout_at(deadline):
+            async with self._first_byte(self._origin(base_url), deadline):
                 resp = await self.session.request(
                     method,
                     base_url + path_qs,
@@ -92,13 +128,21 @@ class Upstream:
             tcp_nodelay(resp.connection.transport, True)
         return resp
 
-    @staticmethod
-    async def next_chunk(resp: aiohttp.ClientResponse, deadline: float, first: bool = False) -> bytes:
-        """The next piece of the body as it arrives (b"" at its end), by the loop time ``deadline``;
-        ``first``: nothing of it reached the client yet, so a failure is retryable."""
+    async def next_chunk(self, resp: aiohttp.ClientResponse, deadline: float, first: bool = False) -> bytes:
+        """The next piece of the body as it arrives (b"" at its end), by the loop time ``deadline``
+        (``first``: a first-byte deadline, which waits on while the replica works; nothing of the body
+        reached the client yet, so a failure is retryable)."""
+        url = resp.url
         try:
-            async with asyncio.timeout_at(deadline):
-                return await resp.content.readany()
+            if first:
+                async with self._first_byte((url.host, url.port), deadline):
+                    chunk = await resp.content.readany()
+            else:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await resp.content.readany()
+            if chunk:
+                self._beat(resp)
+            return chunk
         except TimeoutError as e:
             what = "no first byte in time" if first else "stream idle too long"
             raise UpstreamTimeout(f"replica {resp.url.origin()}: {what}", retryable=first) from e
@@ -107,19 +151,21 @@ class Upstream:
                 f"replica connection failed mid-response: {type(e).__name__}", retryable=first
             ) from e
 
-    @classmethod
-    async def chunks(cls, resp: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
+    async def chunks(self, resp: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
         """The rest of a streamed body, each chunk within ``idle_s`` of the previous one."""
         loop = asyncio.get_running_loop()
-        while chunk := await cls.next_chunk(resp, loop.time() + idle_s):
+        while chunk := await self.next_chunk(resp, loop.time() + idle_s):
             yield chunk
 
-    @staticmethod
-    async def read(resp: aiohttp.ClientResponse, deadline: float) -> bytes:
-        """A whole body, by the loop time ``deadline`` (nothing of it reached the client: retryable)."""
+    async def read(self, resp: aiohttp.ClientResponse, deadline: float) -> bytes:
+        """A whole body, by the loop time ``deadline``, waiting on while the replica works (nothing of it
+        reached the client: retryable)."""
+        url = resp.url
         try:
-            async with asyncio.timeout_at(deadline):
-                return await resp.read()
+            async with self._first_byte((url.host, url.port), deadline):
+                body = await resp.read()
+            self._beat(resp)
+            return body
         except TimeoutError as e:
             raise UpstreamTimeout(f"replica {resp.url.origin()}: no answer in time", retryable=True) from e
         except (aiohttp.ClientError, OSError) as e:  # OSError: a reset aiohttp did not wrap

@@ -1,0 +1,89 @@
+"""Is a replica working? When it last sent response body bytes, and a first-byte wait that lasts while
+it does.
+
+A request's first-byte deadline (``proxy/deadlines.py``) is scaled from its predicted TTFT, so that a
+hung replica is found in seconds. A replica that is merely busier than predicted misses it too: a
+request waiting in SGLang's queue for KV memory or a running slot, behind decoders that finish later
+than the gateway thought (slow decode at a large batch, a machine running slower), sends nothing until
+it is admitted. Timing it out there is the worst answer: it is aborted, loses its place in the queue,
+is prefilled again from the start elsewhere, and its replica's circuit breaker counts a failure (in the
+emulated `h200` fleet at load 0.6, 30 of 200 requests were moved so, and a breaker opened, in one run).
+
+So a first-byte wait asks, when its deadline passes, whether the replica is still working: whether it
+sent body bytes (a stream's chunk, a whole answer) to any request within the last ``window_s``. If it
+did, the wait goes on, and is asked again when that evidence lapses (``last byte + window_s``); if it
+went quiet, the deadline stands (the request is aborted and retried elsewhere, the breaker counts it).
+The wait never outlasts ``request_timeout`` from its start. Response headers do not count: SGLang's
+HTTP server sends a stream's headers at once, even while its scheduler is stuck.
+
+A replica whose engine hangs as a whole (the failure the deadline exists for) goes quiet and is found
+at most ``window_s`` after its last byte; one that keeps answering others while it never answers one
+request keeps that request until ``request_timeout``. ``beat`` is on the relay's hot path: one dict
+store per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+
+Origin = tuple[str | None, int | None]  # (host, port) of a replica's responses
+
+
+class Liveness:
+    """When each replica last sent body bytes (loop time), and how long that counts as working."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._last: dict[Origin, float] = {}
+
+    def beat(self, origin: Origin, now: float) -> None:
+        self._last[origin] = now
+
+    def working_until(self, origin: Origin) -> float | None:
+        """The loop time until which the replica counts as working (None: it never sent a byte)."""
+        last = self._last.get(origin)
+        return None if last is None else last + self.window_s
+
+
+class PatientTimeout:
+    """``asyncio.timeout_at(deadline)``, except that when the deadline passes, ``later()`` may name a
+    later one (None: time is up now); never past ``cap``."""
+
+    def __init__(
+        self,
+        deadline: float,
+        cap: float,
+        later: Callable[[], float | None],
+        on_extend: Callable[[], None] | None = None,
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._deadline, self._cap, self._later, self._on_extend = deadline, cap, later, on_extend
+        self._timeout = asyncio.timeout(None)
+        self._handle: asyncio.TimerHandle | None = None
+        self.extended = False
+
+    async def __aenter__(self) -> PatientTimeout:
+        await self._timeout.__aenter__()
+        self._handle = self._loop.call_at(min(self._deadline, self._cap), self._check)
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        await self._timeout.__aexit__(kind, exc, tb)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        later = self._later() if now < self._cap else None
+        if later is None or later <= now:
+            self._handle = None
+            self._timeout.reschedule(now)  # expires at once
+            return
+        if not self.extended and self._on_extend is not None:
+            self._on_extend()
+        self.extended = True
+        self._handle = self._loop.call_at(min(later, self._cap), self._check)

@@ -119,3 +119,32 @@ async def test_a_body_every_replica_fails_on_blames_none_of_them(stack_factory: 
     status, _, replica = await ask(stack.url, chat("q"))
     assert status == 500 and replica in stack.urls  # relayed, x-kvroute-replica set
     assert [breaker(stack, url) for url in stack.urls] == [BreakerState.CLOSED] * 2
+
+
+async def test_a_request_queued_on_a_working_replica_waits_there_past_its_first_byte_deadline(
+    stack_factory: StackFactory,
+) -> None:
+    """One running slot per replica; a long answer streams from the first one while a second request
+    waits there for the slot, far past its 0.3 s first-byte deadline: the replica is working (it streams),
+    so the request is not aborted and moved, and its replica's breaker counts nothing."""
+    stack = await stack_factory(
+        n=2,
+        emu_flags=("--max-running-requests", "1"),
+        first_byte_timeout=0.3,
+        first_byte_timeout_factor=0.0,
+        first_byte_timeout_margin=0.0,
+    )
+    for emu in stack.replicas:
+        await emu.fault(action="slow", factor=40)  # 25 ms per token x 40 x 0.01: 10 ms per streamed token
+    long = chat("long", stream=True, max_tokens=150)  # exactly 150 tokens
+    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/chat/completions", json=long) as r:
+        busy = stack.replica(r.headers["x-kvroute-replica"])
+        await r.content.readuntil(b"\n\n")  # it runs
+        assert (await ask(stack.url, chat("filler")))[2] != busy.url  # round robin: the other replica
+        status, lines, replica = await ask(stack.url, chat("queued", stream=True))  # and back
+        assert (await r.read()).endswith(b"data: [DONE]\n\n")  # the long answer was not disturbed
+    assert status == 200 and lines[-1] == b"[DONE]" and replica == busy.url
+    metrics = stack.metrics()
+    assert f'kvroute_first_byte_waits_extended_total{{replica="{busy.url}"}} 1' in metrics
+    assert "kvroute_retries_total{" not in metrics and breaker(stack, busy.url) is BreakerState.CLOSED
+    assert len(await busy.generations()) == 2  # never aborted: two requests reached it, each once

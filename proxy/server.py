@@ -18,7 +18,7 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -70,17 +70,23 @@ def build_gateway(settings: Settings) -> Gateway:
     return Gateway(settings=settings, fleet=fleet, router=router, metrics=metrics, tokenizer=tokenizer)
 
 
+def _late(gw: Gateway) -> Callable[[str], None]:
+    """What a first-byte wait kept past its deadline on a working replica tells (proxy/liveness.py)."""
+    extended = gw.metrics.first_byte_waits_extended
+
+    def late(replica: str) -> None:
+        extended.labels(replica).inc()
+        log.info("replica %s: no first byte by the deadline, but the replica is working: waiting on", replica)
+
+    return late
+
+
 async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
     st = gw.settings
-    extended = gw.metrics.first_byte_waits_extended
     gw.upstream = Upstream(
-        session,
-        st.connect_timeout,
-        Liveness(st.first_byte_timeout),
-        st.request_timeout,
-        lambda replica: extended.labels(replica).inc(),
+        session, st.connect_timeout, Liveness(st.first_byte_timeout), st.request_timeout, _late(gw)
     )
     try:
         yield

@@ -16,7 +16,8 @@ the emulator's tokenizer and the replicas KV events (as `bench.exact`'s exact ga
 
 Every run appends one JSON line to OUT/ab.jsonl (mean and p99 TTFT from each request's scheduled
 arrival, per-tag means, hit ratio, cache model error, other processes' CPU); OUT/ab.md has one row per
-point and seed with candidate / base ratios, and the geometric mean of the mean-TTFT ratio per point
+point and seed with candidate / base ratios and both revisions' errors (requests that failed: left out
+of the means, so read them beside the ratio), and the geometric mean of the mean-TTFT ratio per point
 and over all of them. Read every row, not only the geomean: a policy that wins one point and loses
 another is not a win (bench/README.md).
 """
@@ -97,9 +98,10 @@ def table(rows: Sequence[dict[str, Any]], base: str, candidate: str) -> str:
     """ab.md: per point and seed, both revisions and candidate / base; geomeans per point and overall."""
     runs = {(r["pair"], r["system"]): r for r in rows}
     head = (
-        f"| point | seed | {base} mean s | {candidate} mean s | ratio | p99 ratio | hit ratio (base, cand.) |"
+        f"| point | seed | {base} mean s | {candidate} mean s | ratio | p99 ratio | hit ratio (base, cand.) "
+        "| errors (base, cand.) |"
     )
-    lines = [head, "|---|---|---|---|---|---|---|"]
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     by_point: dict[str, list[float]] = {}
     for (pair, system), b in runs.items():
         c = runs.get((pair, candidate))
@@ -109,7 +111,8 @@ def table(rows: Sequence[dict[str, Any]], base: str, candidate: str) -> str:
         ratio = c["mean"] / b["mean"]
         by_point.setdefault(label, []).append(ratio)
         lines.append(f"| {label} | {seed} | {b['mean']:.3f} | {c['mean']:.3f} | {ratio:.3f} | "
-                     f"{c['p99'] / b['p99']:.3f} | {b['hit']:.3f}, {c['hit']:.3f} |")  # fmt: skip
+                     f"{c['p99'] / b['p99']:.3f} | {b['hit']:.3f}, {c['hit']:.3f} | "
+                     f"{b.get('errors', 0)}, {c.get('errors', 0)} |")  # fmt: skip
     every = [r for v in by_point.values() for r in v]
     lines += ["", "| point | runs | geomean of mean-TTFT ratios |", "|---|---|---|"]
     lines += [f"| {p} | {len(v)} | {geometric_mean(v):.3f} |" for p, v in by_point.items()]

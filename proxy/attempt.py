@@ -43,11 +43,12 @@ class Attempt:
     def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest, tap: Tap | None = None) -> None:
         self.gw, self.ticket, self.replica, self.tap = gw, ticket, ticket.replica, tap
         self.route = parsed.route.value
-        self.lease = gw.fleet.acquire(ticket.replica, _work(ticket, parsed, gw.router.cfg.default_new_tokens))
-        self.t0 = asyncio.get_running_loop().time()
         first_byte_s = gw.deadlines.first_byte_s(
             ticket.prediction.terms.total, parsed.stream, ticket.request.max_new_tokens
         )
+        work = _work(ticket, parsed, gw.router.cfg.default_new_tokens, first_byte_s)
+        self.lease = gw.fleet.acquire(ticket.replica, work)
+        self.t0 = asyncio.get_running_loop().time()
         self.deadline = self.t0 + first_byte_s
         self.ttft: float | None = None
         self.usage = Usage()
@@ -92,9 +93,9 @@ class Attempt:
         gw.fleet.outcome(a.replica, a.verdict, a.failure)
 
 
-def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int) -> Work:
+def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int, first_byte_s: float) -> Work:
     """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill,
-    and the KV it holds."""
+    the KV it holds, and its first-byte deadline."""
     terms = ticket.prediction.terms
     return Work(
         sent_s=time.monotonic(),
@@ -106,6 +107,7 @@ def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int) -> Work:
         overhead_s=terms.overhead_s,
         reload_s=terms.reload_s,
         kv_tokens=round(kv_need(ticket.request, terms.uncached_tokens, default_tokens)),
+        first_byte_s=first_byte_s,
     )
 
 

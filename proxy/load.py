@@ -10,7 +10,11 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   cold 16K-token document was carried as 20 s queued for its whole wait, ~4.9 s in truth). The engine
   serves prefills first come first served, so the head of the queue has been worked on since the later
   of its send time and the replica's last first byte: that elapsed time (at most the head's own work) is
-  not waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part.
+  not waiting any more. ``queued_prefill_s`` = sum of queued work - that elapsed part, or, while the
+  head of the queue is past its first-byte deadline (``proxy/liveness.py`` keeps it waiting on a working
+  replica), the head's wait so far if that is more: the prediction has just been shown at least 4x
+  short there (hits predicted at 0.3-1.3 s took 5-8 s on `h200` rag), everything sent after it waits
+  behind it, and its wait so far is the best estimate left of what is still ahead.
 - **decoding**: first byte back (streams), or, for an answer that is not streamed, once its predicted
   TTFT has passed (the gateway sees no first token then). A decoding request holds a running slot and
   no prefill: it never counts as prefill load. It holds KV memory and a running slot, as a queued one
@@ -92,6 +96,7 @@ class Work:
     overhead_s: float = 0.0  # predicted fixed time after its prefill (beside the next prefill)
     reload_s: float = 0.0  # the predicted host / storage reload part of work_s
     kv_tokens: int = 0  # KV it holds while in flight: predicted uncached prompt + output budget
+    first_byte_s: float = math.inf  # its first-byte deadline, seconds after the send (proxy/deadlines.py)
     first_s: float | None = None
 
 
@@ -219,9 +224,15 @@ class ReplicaLoad:
         if not self.queue:
             return 0.0
         if s_per_token <= 0.0:
-            return max(0.0, self.queued_work_s - self._head_elapsed(now))
+            return max(0.0, self.queued_work_s - self._head_elapsed(now), self._overdue_s(now))
         queued = max(0, self.queued_tokens) * s_per_token + self.queued_reload_s
-        return max(0.0, queued - self._head_elapsed(now, s_per_token))
+        return max(0.0, queued - self._head_elapsed(now, s_per_token), self._overdue_s(now))
+
+    def _overdue_s(self, now: float) -> float:
+        """The head of the queue's wait so far, once it is past its first-byte deadline (else 0)."""
+        head = next(iter(self.queue))
+        waited = now - head.sent_s
+        return waited if waited > head.first_byte_s else 0.0
 
     def _head_elapsed(self, now: float, s_per_token: float = 0.0) -> float:
         """How long the head of the queue has been served: since the later of its send and the last first

@@ -209,3 +209,32 @@ def test_a_running_requests_output_budget_counts_at_the_replicas_ratio() -> None
     assert r.view(1.5, 0).kv_tokens == 1064
     r.release(a, 2.0)
     assert (r.kv_tokens, r.running_output) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (1.0, 4.0),  # both queued, head served for 1 s of its 2: 2 + 3 - 1 (its deadline is 4 s away)
+        (4.9, 3.0),  # the head served at most its own 2 s; not yet past its deadline
+        (6.0, 6.0),  # head past its 5 s deadline: its wait so far (6 s) is more than the 3 s modelled
+        (20.0, 20.0),
+    ],
+)
+def test_a_head_past_its_first_byte_deadline_sets_the_queue_by_its_wait(now: float, expected: float) -> None:
+    r = load()
+    head, behind = work(0.0, 2.0), work(0.5, 3.0)
+    head.first_byte_s = behind.first_byte_s = 5.0
+    r.add(head)
+    r.add(behind)
+    assert r.view(now, 0).inflight_prefill_s == pytest.approx(expected)
+
+
+def test_only_the_head_of_the_queue_counts_as_overdue_and_not_once_it_started() -> None:
+    r = load()
+    head, behind = work(0.0, 1.0), work(0.0, 1.0)
+    head.first_byte_s, behind.first_byte_s = 100.0, 2.0
+    r.add(head)
+    r.add(behind)
+    assert r.view(10.0, 0).inflight_prefill_s == pytest.approx(1.0)  # 2 s of work, the head's 1 s done
+    r.first_token(head, 10.0)
+    assert r.view(11.0, 0).inflight_prefill_s == pytest.approx(11.0)  # now the head, and 9 s overdue

@@ -28,22 +28,20 @@ import asyncio
 from collections.abc import Callable
 from types import TracebackType
 
-Origin = tuple[str | None, int | None]  # (host, port) of a replica's responses
-
 
 class Liveness:
     """When each replica last sent body bytes (loop time), and how long that counts as working."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._last: dict[Origin, float] = {}
+        self._last: dict[str, float] = {}  # by replica id
 
-    def beat(self, origin: Origin, now: float) -> None:
-        self._last[origin] = now
+    def beat(self, replica: str, now: float) -> None:
+        self._last[replica] = now
 
-    def working_until(self, origin: Origin) -> float | None:
+    def working_until(self, replica: str) -> float | None:
         """The loop time until which the replica counts as working (None: it never sent a byte)."""
-        last = self._last.get(origin)
+        last = self._last.get(replica)
         return None if last is None else last + self.window_s
 
 

@@ -33,11 +33,10 @@ from typing import Any
 
 import aiohttp
 import orjson
-import yarl
 from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from proxy.liveness import Liveness, Origin, PatientTimeout
+from proxy.liveness import Liveness, PatientTimeout
 
 log = logging.getLogger("kvroute.upstream")
 ABORT_TIMEOUT_S = 2.0
@@ -59,28 +58,13 @@ class Upstream:
         self.liveness = liveness or Liveness(5.0)
         self._max_wait_s = max_wait_s
         self._on_extend = on_extend  # told the replica id of each first-byte wait that went on
-        self._ids: dict[Origin, str] = {}  # replica ids by the origin of their responses
-        self._origins: dict[str, Origin] = {}
 
-    def _first_byte(self, origin: Origin, deadline: float) -> PatientTimeout:
+    def _first_byte(self, replica: str, deadline: float) -> PatientTimeout:
         """The wait for a first byte: past ``deadline`` only while the replica is working."""
         cap = asyncio.get_running_loop().time() + self._max_wait_s
         tell = self._on_extend
-        extended = None if tell is None else (lambda: tell(self._ids.get(origin, "")))
-        return PatientTimeout(deadline, cap, lambda: self.liveness.working_until(origin), extended)
-
-    def _origin(self, replica: str) -> Origin:
-        """(host, port) of a replica id (base URL), as its responses' ``resp.url`` gives them."""
-        origin = self._origins.get(replica)
-        if origin is None:
-            url = yarl.URL(replica)
-            origin = self._origins[replica] = (url.host, url.port)
-            self._ids[origin] = replica
-        return origin
-
-    def _beat(self, resp: aiohttp.ClientResponse) -> None:
-        url = resp.url
-        self.liveness.beat((url.host, url.port), asyncio.get_running_loop().time())
+        extended = None if tell is None else (lambda: tell(replica))
+        return PatientTimeout(deadline, cap, lambda: self.liveness.working_until(replica), extended)
 
     @staticmethod
     def new_session(max_connections: int = 0) -> aiohttp.ClientSession:
@@ -103,7 +87,7 @@ class Upstream:
         """Sends one request; returns the response once its headers arrived (any status), by the loop
         time ``deadline``."""
         try:
-            async with self._first_byte(self._origin(base_url), deadline):
+            async with self._first_byte(base_url, deadline):
                 resp = await self.session.request(
                     method,
                     base_url + path_qs,
@@ -128,20 +112,21 @@ class Upstream:
             tcp_nodelay(resp.connection.transport, True)
         return resp
 
-    async def next_chunk(self, resp: aiohttp.ClientResponse, deadline: float, first: bool = False) -> bytes:
-        """The next piece of the body as it arrives (b"" at its end), by the loop time ``deadline``
-        (``first``: a first-byte deadline, which waits on while the replica works; nothing of the body
-        reached the client yet, so a failure is retryable)."""
-        url = resp.url
+    async def next_chunk(
+        self, resp: aiohttp.ClientResponse, replica: str, deadline: float, first: bool = False
+    ) -> bytes:
+        """The next piece of ``replica``'s body as it arrives (b"" at its end), by the loop time
+        ``deadline`` (``first``: a first-byte deadline, which waits on while the replica works; nothing
+        of the body reached the client yet, so a failure is retryable)."""
         try:
             if first:
-                async with self._first_byte((url.host, url.port), deadline):
+                async with self._first_byte(replica, deadline):
                     chunk = await resp.content.readany()
             else:
                 async with asyncio.timeout_at(deadline):
                     chunk = await resp.content.readany()
             if chunk:
-                self._beat(resp)
+                self.liveness.beat(replica, asyncio.get_running_loop().time())
             return chunk
         except TimeoutError as e:
             what = "no first byte in time" if first else "stream idle too long"
@@ -151,20 +136,19 @@ class Upstream:
                 f"replica connection failed mid-response: {type(e).__name__}", retryable=first
             ) from e
 
-    async def chunks(self, resp: aiohttp.ClientResponse, idle_s: float) -> AsyncIterator[bytes]:
-        """The rest of a streamed body, each chunk within ``idle_s`` of the previous one."""
+    async def chunks(self, resp: aiohttp.ClientResponse, replica: str, idle_s: float) -> AsyncIterator[bytes]:
+        """The rest of ``replica``'s streamed body, each chunk within ``idle_s`` of the previous one."""
         loop = asyncio.get_running_loop()
-        while chunk := await self.next_chunk(resp, loop.time() + idle_s):
+        while chunk := await self.next_chunk(resp, replica, loop.time() + idle_s):
             yield chunk
 
-    async def read(self, resp: aiohttp.ClientResponse, deadline: float) -> bytes:
-        """A whole body, by the loop time ``deadline``, waiting on while the replica works (nothing of it
-        reached the client: retryable)."""
-        url = resp.url
+    async def read(self, resp: aiohttp.ClientResponse, replica: str, deadline: float) -> bytes:
+        """``replica``'s whole body, by the loop time ``deadline``, waiting on while the replica works
+        (nothing of it reached the client: retryable)."""
         try:
-            async with self._first_byte((url.host, url.port), deadline):
+            async with self._first_byte(replica, deadline):
                 body = await resp.read()
-            self._beat(resp)
+            self.liveness.beat(replica, asyncio.get_running_loop().time())
             return body
         except TimeoutError as e:
             raise UpstreamTimeout(f"replica {resp.url.origin()}: no answer in time", retryable=True) from e

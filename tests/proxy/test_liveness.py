@@ -11,7 +11,7 @@ import pytest
 
 from proxy.liveness import Liveness, PatientTimeout
 
-ORIGIN = ("127.0.0.1", 30000)
+REPLICA = "http://127.0.0.1:30000"
 WINDOW = 0.1
 
 
@@ -23,7 +23,7 @@ async def beating(live: Liveness, every_s: float, for_s: float) -> AsyncIterator
     async def beat() -> None:
         end = loop.time() + for_s
         while loop.time() < end:
-            live.beat(ORIGIN, loop.time())
+            live.beat(REPLICA, loop.time())
             await asyncio.sleep(every_s)
 
     task = asyncio.ensure_future(beat())
@@ -42,7 +42,7 @@ async def wait(
     loop = asyncio.get_running_loop()
     t0, told = loop.time(), []
     timer = PatientTimeout(
-        t0 + deadline_in, t0 + cap_in, lambda: live.working_until(ORIGIN), lambda: told.append(1)
+        t0 + deadline_in, t0 + cap_in, lambda: live.working_until(REPLICA), lambda: told.append(1)
     )
     try:
         async with timer:
@@ -87,6 +87,6 @@ async def test_an_answer_before_the_deadline_is_not_touched() -> None:
 def test_working_until_is_the_last_byte_plus_the_window(last: float | None) -> None:
     live = Liveness(WINDOW)
     if last is not None:
-        live.beat(ORIGIN, last)
-    assert live.working_until(ORIGIN) == (None if last is None else last + WINDOW)
-    assert live.working_until(("127.0.0.1", 1)) is None  # per replica
+        live.beat(REPLICA, last)
+    assert live.working_until(REPLICA) == (None if last is None else last + WINDOW)
+    assert live.working_until("http://127.0.0.1:1") is None  # per replica

@@ -50,6 +50,7 @@ class Attempt:
         self.lease = gw.fleet.acquire(ticket.replica, work)
         self.t0 = asyncio.get_running_loop().time()
         self.deadline = self.t0 + first_byte_s
+        self.cap = self.t0 + gw.deadlines.request_timeout  # no first-byte wait goes on past it
         self.ttft: float | None = None
         self.usage = Usage()
         self.ok = False

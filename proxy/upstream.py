@@ -59,9 +59,11 @@ class Upstream:
         self._max_wait_s = max_wait_s
         self._on_extend = on_extend  # told the replica id of each first-byte wait that went on
 
-    def _first_byte(self, replica: str, deadline: float) -> PatientTimeout:
-        """The wait for a first byte: past ``deadline`` only while the replica is working."""
-        cap = asyncio.get_running_loop().time() + self._max_wait_s
+    def _first_byte(self, replica: str, deadline: float, cap: float | None) -> PatientTimeout:
+        """The wait for a first byte: past ``deadline`` only while the replica is working, never past
+        ``cap`` (the attempt's start + ``max_wait_s``, shared by its send and its first chunk; None: from
+        now)."""
+        cap = asyncio.get_running_loop().time() + self._max_wait_s if cap is None else cap
         tell = self._on_extend
         extended = None if tell is None else (lambda: tell(replica))
         return PatientTimeout(deadline, cap, lambda: self.liveness.working_until(replica), extended)
@@ -83,11 +85,12 @@ class Upstream:
         headers: Mapping[str, str],
         body: bytes | None,
         deadline: float,
+        cap: float | None = None,
     ) -> aiohttp.ClientResponse:
         """Sends one request; returns the response once its headers arrived (any status), by the loop
         time ``deadline``."""
         try:
-            async with self._first_byte(base_url, deadline):
+            async with self._first_byte(base_url, deadline, cap):
                 resp = await self.session.request(
                     method,
                     base_url + path_qs,
@@ -113,14 +116,19 @@ class Upstream:
         return resp
 
     async def next_chunk(
-        self, resp: aiohttp.ClientResponse, replica: str, deadline: float, first: bool = False
+        self,
+        resp: aiohttp.ClientResponse,
+        replica: str,
+        deadline: float,
+        first: bool = False,
+        cap: float | None = None,
     ) -> bytes:
         """The next piece of ``replica``'s body as it arrives (b"" at its end), by the loop time
         ``deadline`` (``first``: a first-byte deadline, which waits on while the replica works; nothing
         of the body reached the client yet, so a failure is retryable)."""
         try:
             if first:
-                async with self._first_byte(replica, deadline):
+                async with self._first_byte(replica, deadline, cap):
                     chunk = await resp.content.readany()
             else:
                 async with asyncio.timeout_at(deadline):
@@ -142,11 +150,13 @@ class Upstream:
         while chunk := await self.next_chunk(resp, replica, loop.time() + idle_s):
             yield chunk
 
-    async def read(self, resp: aiohttp.ClientResponse, replica: str, deadline: float) -> bytes:
+    async def read(
+        self, resp: aiohttp.ClientResponse, replica: str, deadline: float, cap: float | None = None
+    ) -> bytes:
         """``replica``'s whole body, by the loop time ``deadline``, waiting on while the replica works
         (nothing of it reached the client: retryable)."""
         try:
-            async with self._first_byte(replica, deadline):
+            async with self._first_byte(replica, deadline, cap):
                 body = await resp.read()
             self.liveness.beat(replica, asyncio.get_running_loop().time())
             return body

@@ -30,19 +30,36 @@ from types import TracebackType
 
 
 class Liveness:
-    """When each replica last sent body bytes (loop time), and how long that counts as working."""
+    """When each replica last sent body bytes (loop time), and how long that counts as working.
+
+    ``beat`` records this gateway's own bytes; ``heard`` what another gateway saw (``proxy/shared_docs.py``
+    ``LoadPart``): a replica that streams only to the other gateways' clients is working too, and a
+    request of this one queued there would otherwise be timed out and moved. Only the own beats are
+    shared (``quiet_s``), so an adopted one never comes back from a gateway that adopted it, later by
+    each trip's lag, keeping a hung replica alive."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._last: dict[str, float] = {}  # by replica id
+        self._last: dict[str, float] = {}  # by replica id: own beats
+        self._heard: dict[str, float] = {}  # by replica id: the latest beat another gateway shared
 
     def beat(self, replica: str, now: float) -> None:
         self._last[replica] = now
 
-    def working_until(self, replica: str) -> float | None:
-        """The loop time until which the replica counts as working (None: it never sent a byte)."""
+    def heard(self, replica: str, at: float) -> None:
+        """Another gateway saw body bytes from ``replica`` at the loop time ``at``."""
+        if at > self._heard.get(replica, float("-inf")):
+            self._heard[replica] = at
+
+    def quiet_s(self, replica: str, now: float) -> float | None:
+        """Seconds since this gateway's own last byte from ``replica`` (None: it never sent one)."""
         last = self._last.get(replica)
-        return None if last is None else last + self.window_s
+        return None if last is None else max(0.0, now - last)
+
+    def working_until(self, replica: str) -> float | None:
+        """The loop time until which the replica counts as working (None: no byte seen or heard of)."""
+        last = max(self._last.get(replica, float("-inf")), self._heard.get(replica, float("-inf")))
+        return None if last == float("-inf") else last + self.window_s
 
 
 class PatientTimeout:

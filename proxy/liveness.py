@@ -58,8 +58,17 @@ class Liveness:
 
     def working_until(self, replica: str) -> float | None:
         """The loop time until which the replica counts as working (None: no byte seen or heard of)."""
+        last = self._latest(replica)
+        return None if last is None else last + self.window_s
+
+    def since(self, replica: str, now: float) -> float | None:
+        """Seconds since the replica's last body bytes, seen or heard of (None: never; for /status)."""
+        last = self._latest(replica)
+        return None if last is None else max(0.0, now - last)
+
+    def _latest(self, replica: str) -> float | None:
         last = max(self._last.get(replica, float("-inf")), self._heard.get(replica, float("-inf")))
-        return None if last == float("-inf") else last + self.window_s
+        return None if last == float("-inf") else last
 
 
 class PatientTimeout:

@@ -17,8 +17,10 @@ The wait never outlasts ``request_timeout`` from its start. Response headers do 
 HTTP server sends a stream's headers at once, even while its scheduler is stuck.
 
 A replica whose engine hangs as a whole (the failure the deadline exists for) goes quiet and is found
-at most ``window_s`` after its last byte; one that keeps answering others while it never answers one
-request keeps that request until ``request_timeout``. ``beat`` is on the relay's hot path: one dict
+at most ``window_s`` after its last byte. One that keeps answering others while it never answers one
+request would keep that request until ``request_timeout``; on a replica that starts prefills in
+arrival order, such a request is overtaken by the requests sent after it (``proxy/load.py``), and once
+it is ``FirstByteWait.stuck`` its wait goes on no more. ``beat`` is on the relay's hot path: one dict
 store per chunk.
 """
 
@@ -26,7 +28,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class FirstByteWait:
+    """One attempt's first-byte wait (loop times): its ``deadline``; its ``cap``, shared by its send and
+    its first chunk; ``stuck()``: the request is known not to be queued (it waits on past the deadline
+    no more, however the replica works)."""
+
+    deadline: float
+    cap: float
+    stuck: Callable[[], bool] = _never
 
 
 class Liveness:

@@ -84,7 +84,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
     st = gw.settings
-    gw.upstream = Upstream(session, st.connect_timeout, gw.liveness, st.request_timeout, _late(gw))
+    gw.upstream = Upstream(session, st.connect_timeout, gw.liveness, _late(gw))
     try:
         yield
     finally:

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from proxy.errors import UpstreamTimeout
-from proxy.liveness import Liveness, PatientTimeout
+from proxy.liveness import FirstByteWait, Liveness, PatientTimeout
 from proxy.upstream import Upstream
 
 REPLICA = "http://127.0.0.1:30000"
@@ -141,11 +141,11 @@ async def first_byte(url: str, live: Liveness, deadline_in: float, max_wait_s: f
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     async with aiohttp.ClientSession() as session:
-        up = Upstream(session, 1.0, live, max_wait_s)
-        deadline, cap = t0 + deadline_in, t0 + max_wait_s
-        resp = await up.send(url, "POST", "/v1/chat/completions", {}, b"{}", deadline, cap)
+        up = Upstream(session, 1.0, live)
+        wait = FirstByteWait(t0 + deadline_in, t0 + max_wait_s)
+        resp = await up.send(url, "POST", "/v1/chat/completions", {}, b"{}", wait)
         try:
-            await up.next_chunk(resp, url, deadline, first=True, cap=cap)
+            await up.next_chunk(resp, url, wait)
         finally:
             resp.release()
     return loop.time() - t0

@@ -11,6 +11,9 @@ and sends ``n`` chat requests (every other one streamed) at ``concurrency``, the
 - **hung**, **fail** (500 then 503), **cut_stream** (3 before the first event, then after two events),
   **slow** (x20), **reset**: armed on the victim (``emulator/faults.py``) before the burst, for every
   request that reaches it (the breaker soon ejects it: then only its half-open trials do);
+- **dropped**: the victim accepts the first ``DROPPED`` requests that reach it and never answers them,
+  while it serves the rest: it keeps working, so a first-byte wait on it goes on past its deadline
+  (``proxy/liveness.py``) until later requests overtake it (streamed) or at once (not streamed);
 - **restart**: the victim restarts (cache lost, new start time) once a third answered;
 - **redis_down** / **redis_flushed**: the Redis is stopped / emptied (FLUSHALL) once a third answered.
 
@@ -43,7 +46,19 @@ from proxy.server import build_app
 from proxy.serving import GatewayRunner
 from proxy.settings import Settings
 
-KINDS = ("killed", "hung", "fail", "cut_stream", "slow", "reset", "restart", "redis_down", "redis_flushed")
+KINDS = (
+    "killed",
+    "hung",
+    "dropped",
+    "fail",
+    "cut_stream",
+    "slow",
+    "reset",
+    "restart",
+    "redis_down",
+    "redis_flushed",
+)
+DROPPED = 6  # requests the victim accepts and never answers in the "dropped" kind
 MODEL = "emu-model"
 CLIENT_TIMEOUT_S = 30.0
 BUSY_WAIT_S = 2.0
@@ -60,6 +75,7 @@ GATEWAY_SETTINGS = {  # deadlines and breaker sized for modelled time 50x faster
 }
 ARMED: dict[str, list[dict[str, Any]]] = {
     "hung": [{"action": "hang"}],
+    "dropped": [{"action": "hang", "count": DROPPED}],
     "fail": [{"action": "fail", "status": 500}, {"action": "fail", "status": 503}],
     "cut_stream": [  # first 3 streams cut before their first event (retried), then after two (an SSE error)
         {"action": "cut_stream", "after_chunks": 0, "count": 3},

@@ -1,6 +1,6 @@
 """``python -m bench.faults``: the fault-injection suite at a larger count, as a table.
 
-Runs the nine kinds of ``bench.fault_lab`` (each on a fresh gateway over the same emulated fleet and
+Runs the ten kinds of ``bench.fault_lab`` (each on a fresh gateway over the same emulated fleet and
 Redis), ``--requests`` each (default 500, every other one streamed) at ``--concurrency`` (default 16),
 prints one row per kind (requests, failures before the first byte, stream errors, lost, retries, and
 what the gateway met: upstream errors and breaker trips) and writes the table to

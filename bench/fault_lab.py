@@ -97,6 +97,7 @@ class Tally:
     retries: int = 0
     upstream_errors: int = 0  # what the gateway met: evidence that the fault happened
     trips: int = 0  # circuit breaker openings
+    slowest_s: float = 0.0  # the longest any request took, sent to answered (wall seconds)
 
 
 class FaultLab:
@@ -223,15 +224,18 @@ async def _one(http: aiohttp.ClientSession, url: str, i: int) -> str:
 
 async def burst(
     lab: FaultLab, kind: str, url: str, n: int, concurrency: int, busy: Callable[[], bool]
-) -> list[str]:
-    """``n`` requests at ``concurrency``; the mid-run fault strikes when a third have answered and
-    ``busy()`` (the victim has requests in flight; waited for at most ``BUSY_WAIT_S``)."""
+) -> list[tuple[str, float]]:
+    """``n`` requests at ``concurrency``, each one's verdict and seconds from sent to answered; the
+    mid-run fault strikes when a third have answered and ``busy()`` (the victim has requests in flight;
+    waited for at most ``BUSY_WAIT_S``)."""
     gate, done, verdicts = asyncio.Semaphore(concurrency), asyncio.Event(), []
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    loop = asyncio.get_running_loop()
 
     async def one(i: int, http: aiohttp.ClientSession) -> None:
         async with gate:
-            verdicts.append(await _one(http, url, i))
+            t0 = loop.time()
+            verdicts.append((await _one(http, url, i), loop.time() - t0))
         if len(verdicts) >= n // 3:
             done.set()
 
@@ -261,9 +265,10 @@ async def run_kind(
             await lab.arm(({"count": n} if fault["action"] != "slow" else {}) | fault)
         victim = app[GATEWAY].fleet.get(lab.victim.urls[0])
         busy = (lambda: victim.inflight_requests > 0) if victim is not None else (lambda: True)
-        verdicts = await burst(lab, kind, url, n, concurrency, busy)
+        answers = await burst(lab, kind, url, n, concurrency, busy)
         metrics = app[GATEWAY].metrics.render().decode()
-    t = Tally(kind, requests=len(verdicts))
+    verdicts = [v for v, _ in answers]
+    t = Tally(kind, requests=len(verdicts), slowest_s=max((s for _, s in answers), default=0.0))
     t.completed, t.failed_early = verdicts.count("completed"), verdicts.count("failed_early")
     t.stream_errors, t.lost = verdicts.count("stream_error"), verdicts.count("lost")
     t.retries = _total(metrics, "kvroute_retries_total")

@@ -11,6 +11,9 @@ and sends ``n`` chat requests (every other one streamed) at ``concurrency``, the
 - **hung**, **fail** (500 then 503), **cut_stream** (3 before the first event, then after two events),
   **slow** (x20), **reset**: armed on the victim (``emulator/faults.py``) before the burst, for every
   request that reaches it (the breaker soon ejects it: then only its half-open trials do);
+- **dropped**: the victim accepts the first ``DROPPED`` requests that reach it and never answers them,
+  while it serves the rest: it keeps working, so a first-byte wait on it goes on past its deadline
+  (``proxy/liveness.py``) until later requests overtake it (streamed) or at once (not streamed);
 - **restart**: the victim restarts (cache lost, new start time) once a third answered;
 - **redis_down** / **redis_flushed**: the Redis is stopped / emptied (FLUSHALL) once a third answered.
 
@@ -43,7 +46,19 @@ from proxy.server import build_app
 from proxy.serving import GatewayRunner
 from proxy.settings import Settings
 
-KINDS = ("killed", "hung", "fail", "cut_stream", "slow", "reset", "restart", "redis_down", "redis_flushed")
+KINDS = (
+    "killed",
+    "hung",
+    "dropped",
+    "fail",
+    "cut_stream",
+    "slow",
+    "reset",
+    "restart",
+    "redis_down",
+    "redis_flushed",
+)
+DROPPED = 6  # requests the victim accepts and never answers in the "dropped" kind
 MODEL = "emu-model"
 CLIENT_TIMEOUT_S = 30.0
 BUSY_WAIT_S = 2.0
@@ -60,6 +75,7 @@ GATEWAY_SETTINGS = {  # deadlines and breaker sized for modelled time 50x faster
 }
 ARMED: dict[str, list[dict[str, Any]]] = {
     "hung": [{"action": "hang"}],
+    "dropped": [{"action": "hang", "count": DROPPED}],
     "fail": [{"action": "fail", "status": 500}, {"action": "fail", "status": 503}],
     "cut_stream": [  # first 3 streams cut before their first event (retried), then after two (an SSE error)
         {"action": "cut_stream", "after_chunks": 0, "count": 3},
@@ -81,6 +97,7 @@ class Tally:
     retries: int = 0
     upstream_errors: int = 0  # what the gateway met: evidence that the fault happened
     trips: int = 0  # circuit breaker openings
+    slowest_s: float = 0.0  # the longest any request took, sent to answered (wall seconds)
 
 
 class FaultLab:
@@ -207,15 +224,18 @@ async def _one(http: aiohttp.ClientSession, url: str, i: int) -> str:
 
 async def burst(
     lab: FaultLab, kind: str, url: str, n: int, concurrency: int, busy: Callable[[], bool]
-) -> list[str]:
-    """``n`` requests at ``concurrency``; the mid-run fault strikes when a third have answered and
-    ``busy()`` (the victim has requests in flight; waited for at most ``BUSY_WAIT_S``)."""
+) -> list[tuple[str, float]]:
+    """``n`` requests at ``concurrency``, each one's verdict and seconds from sent to answered; the
+    mid-run fault strikes when a third have answered and ``busy()`` (the victim has requests in flight;
+    waited for at most ``BUSY_WAIT_S``)."""
     gate, done, verdicts = asyncio.Semaphore(concurrency), asyncio.Event(), []
     timeout = aiohttp.ClientTimeout(total=CLIENT_TIMEOUT_S)
+    loop = asyncio.get_running_loop()
 
     async def one(i: int, http: aiohttp.ClientSession) -> None:
         async with gate:
-            verdicts.append(await _one(http, url, i))
+            t0 = loop.time()
+            verdicts.append((await _one(http, url, i), loop.time() - t0))
         if len(verdicts) >= n // 3:
             done.set()
 
@@ -245,9 +265,10 @@ async def run_kind(
             await lab.arm(({"count": n} if fault["action"] != "slow" else {}) | fault)
         victim = app[GATEWAY].fleet.get(lab.victim.urls[0])
         busy = (lambda: victim.inflight_requests > 0) if victim is not None else (lambda: True)
-        verdicts = await burst(lab, kind, url, n, concurrency, busy)
+        answers = await burst(lab, kind, url, n, concurrency, busy)
         metrics = app[GATEWAY].metrics.render().decode()
-    t = Tally(kind, requests=len(verdicts))
+    verdicts = [v for v, _ in answers]
+    t = Tally(kind, requests=len(verdicts), slowest_s=max((s for _, s in answers), default=0.0))
     t.completed, t.failed_early = verdicts.count("completed"), verdicts.count("failed_early")
     t.stream_errors, t.lost = verdicts.count("stream_error"), verdicts.count("lost")
     t.retries = _total(metrics, "kvroute_retries_total")

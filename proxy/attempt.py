@@ -22,11 +22,18 @@ from aiohttp import web
 
 from proxy.access_log import Access
 from proxy.context import Gateway
+from proxy.liveness import FirstByteWait
 from proxy.load import Work
 from proxy.types import ParsedRequest, Usage
 from routing.ledger import Ticket
 from routing.ttft import kv_need
 from routing.types import ReplicaId, Report
+
+OVERTAKEN = 3  # overtakes that mark a waiting request as stuck (``Attempt._stuck``)
+
+
+def _always() -> bool:
+    return True
 
 
 class Tap(Protocol):
@@ -50,6 +57,10 @@ class Attempt:
         self.lease = gw.fleet.acquire(ticket.replica, work)
         self.t0 = asyncio.get_running_loop().time()
         self.deadline = self.t0 + first_byte_s
+        # the first-byte wait of its send and first chunk: never past request_timeout from now; an answer
+        # that is not streamed never waits on past its deadline (``_stuck``)
+        stuck = self._stuck if parsed.stream else _always
+        self.wait = FirstByteWait(self.deadline, self.t0 + gw.deadlines.request_timeout, stuck)
         self.ttft: float | None = None
         self.usage = Usage()
         self.ok = False
@@ -57,6 +68,18 @@ class Attempt:
         self.failure = ""
         self.answer: web.Response | None = None  # a 5xx answer retried elsewhere (proxy/forward.py)
         self.suspect = False  # answered 5xx: blamed only if another replica then does better
+
+    def _stuck(self) -> bool:
+        """Overtaken ``OVERTAKEN`` times on a replica that starts prefills in arrival order: the request is
+        not queued there (proxy/load.py), so a working replica is no reason to wait on for it.
+
+        A request whose answer is not streamed has no such evidence (its only byte is the whole answer,
+        and later requests with shorter answers finish first as a rule), and needs no wait beyond its
+        deadline, which already adds ``max_tokens x decode_timeout_per_token`` (or is ``request_timeout``
+        without a ``max_tokens``): it is always "stuck", so a replica that lost it while it serves others
+        cannot keep it until ``request_timeout``."""
+        info = self.lease.replica.info
+        return self.lease.work.overtaken >= OVERTAKEN and info is not None and info.in_send_order
 
     def first_byte(self) -> None:
         """First streamed byte: the prefill is done; this is the request's TTFT."""

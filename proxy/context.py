@@ -26,6 +26,7 @@ from proxy.api_keys import KeyRing, load_keys
 from proxy.deadlines import Deadlines
 from proxy.errors import ModelNotFound, NoReplicaAvailable
 from proxy.fleet import Fleet
+from proxy.liveness import Liveness
 from proxy.metrics import GatewayMetrics
 from proxy.model_names import resolve
 from proxy.rate_limit import RateLimiter
@@ -71,11 +72,13 @@ class Gateway:
     keys: KeyRing | None = field(init=False)  # client API keys (``--api-keys``), None: open
     limiter: RateLimiter = field(default_factory=RateLimiter)
     deadlines: Deadlines = field(init=False)  # from the settings (proxy/deadlines.py)
+    liveness: Liveness = field(init=False)  # when each replica last sent body bytes (proxy/liveness.py)
     retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/retry_budget.py)
     tokenizer: PromptTokenizer | None = None  # --tokenizer-path: prompts as token ids (proxy/tokenizer.py)
 
     def __post_init__(self) -> None:
         self.deadlines = self.settings.deadlines()
+        self.liveness = Liveness(self.settings.first_byte_timeout)
         self.retry_budget = RetryBudget(self.settings.retry_budget, self.settings.retry_budget_floor)
         self.keys = load_keys(self.settings.api_keys) if self.settings.api_keys else None
         st = self.settings

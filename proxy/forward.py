@@ -141,7 +141,7 @@ async def _try(
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
     with watched(gw, a, None, parsed):
-        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.deadline)
+        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.wait)
     try:
         if resp.status >= 500:
             a.suspected(f"HTTP {resp.status}")
@@ -154,7 +154,7 @@ async def _try(
         if resp.headers.get("Content-Type", "").startswith("text/event-stream"):
             return await relay_sse(request, gw, a, resp, out_headers, parsed)
         with watched(gw, a, resp, parsed):
-            body = await gw.up.read(resp, a.replica, a.deadline)
+            body = await gw.up.read(resp, a.replica, a.wait)
         a.whole_body()
         a.ok = resp.status < 400
         if resp.status < 500:
@@ -176,7 +176,7 @@ async def _kept_answer(
     """A replica's 5xx answer that is retried elsewhere, kept to relay should no replica do better
     (None when its body cannot be read)."""
     try:
-        body = await gw.up.read(resp, a.replica, a.deadline)
+        body = await gw.up.read(resp, a.replica, a.wait)
     except UpstreamError:
         return None
     extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}

@@ -17,8 +17,10 @@ The wait never outlasts ``request_timeout`` from its start. Response headers do 
 HTTP server sends a stream's headers at once, even while its scheduler is stuck.
 
 A replica whose engine hangs as a whole (the failure the deadline exists for) goes quiet and is found
-at most ``window_s`` after its last byte; one that keeps answering others while it never answers one
-request keeps that request until ``request_timeout``. ``beat`` is on the relay's hot path: one dict
+at most ``window_s`` after its last byte. One that keeps answering others while it never answers one
+request would keep that request until ``request_timeout``; on a replica that starts prefills in
+arrival order, such a request is overtaken by the requests sent after it (``proxy/load.py``), and once
+it is ``FirstByteWait.stuck`` its wait goes on no more. ``beat`` is on the relay's hot path: one dict
 store per chunk.
 """
 
@@ -26,23 +28,65 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 
 
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class FirstByteWait:
+    """One attempt's first-byte wait (loop times): its ``deadline``; its ``cap``, shared by its send and
+    its first chunk; ``stuck()``: the request is known not to be queued (it waits on past the deadline
+    no more, however the replica works)."""
+
+    deadline: float
+    cap: float
+    stuck: Callable[[], bool] = _never
+
+
 class Liveness:
-    """When each replica last sent body bytes (loop time), and how long that counts as working."""
+    """When each replica last sent body bytes (loop time), and how long that counts as working.
+
+    ``beat`` records this gateway's own bytes; ``heard`` what another gateway saw (``proxy/shared_docs.py``
+    ``LoadPart``): a replica that streams only to the other gateways' clients is working too, and a
+    request of this one queued there would otherwise be timed out and moved. Only the own beats are
+    shared (``quiet_s``), so an adopted one never comes back from a gateway that adopted it, later by
+    each trip's lag, keeping a hung replica alive."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._last: dict[str, float] = {}  # by replica id
+        self._last: dict[str, float] = {}  # by replica id: own beats
+        self._heard: dict[str, float] = {}  # by replica id: the latest beat another gateway shared
 
     def beat(self, replica: str, now: float) -> None:
         self._last[replica] = now
 
-    def working_until(self, replica: str) -> float | None:
-        """The loop time until which the replica counts as working (None: it never sent a byte)."""
+    def heard(self, replica: str, at: float) -> None:
+        """Another gateway saw body bytes from ``replica`` at the loop time ``at``."""
+        if at > self._heard.get(replica, float("-inf")):
+            self._heard[replica] = at
+
+    def quiet_s(self, replica: str, now: float) -> float | None:
+        """Seconds since this gateway's own last byte from ``replica`` (None: it never sent one)."""
         last = self._last.get(replica)
+        return None if last is None else max(0.0, now - last)
+
+    def working_until(self, replica: str) -> float | None:
+        """The loop time until which the replica counts as working (None: no byte seen or heard of)."""
+        last = self._latest(replica)
         return None if last is None else last + self.window_s
+
+    def since(self, replica: str, now: float) -> float | None:
+        """Seconds since the replica's last body bytes, seen or heard of (None: never; for /status)."""
+        last = self._latest(replica)
+        return None if last is None else max(0.0, now - last)
+
+    def _latest(self, replica: str) -> float | None:
+        last = max(self._last.get(replica, float("-inf")), self._heard.get(replica, float("-inf")))
+        return None if last == float("-inf") else last
 
 
 class PatientTimeout:

@@ -28,6 +28,14 @@ Every routed request holds a ``Work`` on its replica from the send until its ans
   (0 when unbounded) and the KV it holds, filled only then.
 - **released** at the end (or on failure): nothing is left behind, exactly once.
 
+A streamed request's first byte that comes while streamed requests sent at least ``OVERTAKE_MARGIN_S``
+earlier are past their first-byte deadlines and still wait for theirs counts one **overtake** against
+each of them (``Work.overtaken``; before its deadline a request may still be behind on the way in: a
+long prompt takes the engine longer to tokenize than a short one sent after it). On a replica that
+starts prefills in arrival order (``proxy.replica_info.in_order``), a request overtaken again and again
+is not queued but lost there: ``proxy/attempt.py`` stops its first-byte wait from going on past the
+deadline while the replica works (``proxy/liveness.py``).
+
 Live arrivals (not warm-up steps) are also kept as an exponentially decaying rate over ``window_s``
 (requests per second), with the time of the last one, and the replica's prefill **utilization** as the
 decaying fraction of time its engine spent serving prefills. The engine serves prefills first come first
@@ -62,6 +70,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_WINDOW_S = 10.0
 MIN_ELAPSED_S = 1.0  # the bias correction treats traffic as at least this old (see the module docstring)
+OVERTAKE_MARGIN_S = 0.1  # sent this much later, a request's first byte first is not a race on the wire
 
 
 @dataclass(slots=True)
@@ -98,6 +107,7 @@ class Work:
     kv_tokens: int = 0  # KV it holds while in flight: predicted uncached prompt + output budget
     first_byte_s: float = math.inf  # its first-byte deadline, seconds after the send (proxy/deadlines.py)
     first_s: float | None = None
+    overtaken: int = 0  # streamed requests sent after it whose first byte came while it was overdue
 
 
 @dataclass(slots=True)
@@ -163,6 +173,8 @@ class ReplicaLoad:
 
     def first_token(self, w: Work, now: float) -> None:
         if w in self.queue:
+            if w.streamed:
+                self._overtake(w, now)
             self._dequeue(w, now)
             self.busy.add(max(0.0, now - max(w.sent_s + w.overhead_s, self.last_first_s)), now)
             w.first_s = now
@@ -242,6 +254,16 @@ class ReplicaLoad:
             return 0.0
         own = head.prefill_tokens * s_per_token + head.reload_s if s_per_token > 0.0 else head.work_s
         return min(own, max(0.0, now - max(head.sent_s, self.last_first_s)))
+
+    def _overtake(self, w: Work, now: float) -> None:
+        """``w``'s first byte came: each streamed request sent at least ``OVERTAKE_MARGIN_S`` before it,
+        still waiting for its own and past its first-byte deadline was overtaken once more (the queue is
+        in send order)."""
+        for x in self.queue:
+            if x is w:
+                return
+            if x.streamed and w.sent_s - x.sent_s >= OVERTAKE_MARGIN_S and now - x.sent_s > x.first_byte_s:
+                x.overtaken += 1
 
     def _promote_unstreamed(self, now: float) -> None:
         """An answer that is not streamed shows no first byte: past its predicted TTFT it is decoding."""

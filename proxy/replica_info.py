@@ -48,6 +48,7 @@ class ReplicaInfo:
     mamba_scheduler_strategy: str = ""  # hybrid: "no_buffer", "extra_buffer" or "auto" (= no_buffer)
     mamba_track_interval: int = 0  # hybrid with extra_buffer: tokens between tracked states; 0 = not reported
     kv_events_config: str = ""  # --kv-events-config as JSON text ("" = none; proxy/kv_subscriber.py)
+    in_send_order: bool = True  # prefills start in arrival order: one scheduler, FCFS (see ``in_order``)
 
     @property
     def resume_interval(self) -> int:
@@ -130,7 +131,18 @@ def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -
         mamba_scheduler_strategy=str(info.get("mamba_scheduler_strategy") or ""),
         mamba_track_interval=int(_num(info, "mamba_track_interval")),
         kv_events_config=_json_text(info.get("kv_events_config")),
+        in_send_order=in_order(info),
     )
+
+
+def in_order(info: Mapping[str, Any]) -> bool:
+    """Whether the replica starts prefills in arrival order: ``--schedule-policy fcfs`` (the default, and
+    what a replica that does not say runs), one scheduler (``dp_size`` 1: with data parallelism each rank
+    has its own queue) and no priority scheduling. Only then does a request whose first byte comes
+    before an earlier one's say that the earlier one is not merely queued (``proxy/load.py``)."""
+    policy = str(info.get("schedule_policy") or "fcfs")
+    dp = int(_num(info, "dp_size", 1))
+    return policy == "fcfs" and dp <= 1 and not info.get("enable_priority_scheduling")
 
 
 def _json_text(v: object) -> str:

@@ -36,7 +36,6 @@ from proxy.context import GATEWAY, Gateway
 from proxy.discovery import DISCOVERY, discovery_for
 from proxy.fleet import Fleet
 from proxy.kv_subscriber import kv_events_ctx
-from proxy.liveness import Liveness
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx, observe_tokenizer
@@ -85,9 +84,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
     st = gw.settings
-    gw.upstream = Upstream(
-        session, st.connect_timeout, Liveness(st.first_byte_timeout), st.request_timeout, _late(gw)
-    )
+    gw.upstream = Upstream(session, st.connect_timeout, gw.liveness, _late(gw))
     try:
         yield
     finally:

@@ -7,7 +7,10 @@ kind (``adopt``: gateway -> decoded JSON). Three parts:
 - ``LoadPart`` (every round, ttl 5 s): per replica, this gateway's in-flight requests, queued prefill
   tokens and seconds, arrival rate, busy fraction and held KV; adopted as ``Replica.remote``, which every
   snapshot adds to the local load (``proxy.load.combined``), so gateways do not all pick the same idle
-  replica at once;
+  replica at once. With them, when this gateway last received body bytes from the replica (wall-clock
+  seconds, so that a document read again before its next version does not move it; -1: never), adopted
+  into ``proxy.liveness.Liveness`` (``heard``): a request queued on a replica that streams only to the
+  other gateways' clients waits on there past its first-byte deadline, as if this gateway saw the bytes;
 - ``RatesPart`` (every round, ttl 30 s): the rates this gateway learned itself
   (``RateBook.export``); adopted with ``RateBook.adopt`` (pooled by samples);
 - the warm-up registry (``proxy/warm_api.py`` adds it: ``WarmupsPart``).
@@ -19,6 +22,7 @@ import time
 from typing import Any, Protocol
 
 from proxy.fleet import Fleet
+from proxy.liveness import Liveness
 from proxy.load import LoadView
 from routing.rates import RateBook, SharedRates
 
@@ -36,14 +40,16 @@ class Part(Protocol):
 class LoadPart:
     kind, every_s, ttl_s = "load", 0.0, 5.0
 
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(self, fleet: Fleet, liveness: Liveness | None = None) -> None:
         self.fleet = fleet
+        self.liveness = liveness
 
     def export(self) -> dict[str, list[float]]:
         now = time.monotonic()
         out = {}
         for r in self.fleet.replicas():
             v = r.load.view(now, 0, r.pricing(r.id), 0, r.running_reserve)  # priced as snapshots price it
+            quiet = self.liveness.quiet_s(r.id, now) if self.liveness is not None else None
             out[r.id] = [
                 v.inflight_requests,
                 v.inflight_prefill_tokens,
@@ -51,6 +57,7 @@ class LoadPart:
                 v.arrival_rate,
                 v.utilization,
                 v.kv_tokens,
+                -1.0 if quiet is None else time.time() - quiet,
             ]
         return out
 
@@ -68,6 +75,17 @@ class LoadPart:
         for r in self.fleet.replicas():
             n = sums.get(r.id)
             r.remote = LoadView(int(n[0]), int(n[1]), n[2], (), n[3], n[4], int(n[5])) if n else None
+        if self.liveness is not None:
+            adopt_last_bytes(docs, self.liveness, time.monotonic(), time.time())
+
+
+def adopt_last_bytes(docs: dict[str, Any], liveness: Liveness, now: float, wall: float) -> None:
+    """The other gateways' last bytes from each replica (``LoadPart`` documents), in this gateway's loop
+    time: ``now`` is the loop time at the wall-clock time ``wall``; a clock ahead of ours counts as now."""
+    for table in docs.values():
+        for replica, numbers in table.items():
+            if len(numbers) > 6 and float(numbers[6]) >= 0.0:  # a gateway before sent no last byte
+                liveness.heard(replica, now - max(0.0, wall - float(numbers[6])))
 
 
 class RatesPart:

@@ -92,7 +92,7 @@ class StateSync:
     _schedule: Schedule = field(default_factory=Schedule)
 
     def __post_init__(self) -> None:
-        self.parts += [LoadPart(self.gw.fleet), RatesPart(self.gw.router.rates)]
+        self.parts += [LoadPart(self.gw.fleet, self.gw.liveness), RatesPart(self.gw.router.rates)]
 
     def kick(self) -> None:
         """The Router has a new event to share: publish without waiting for the next round."""

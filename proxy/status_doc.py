@@ -56,7 +56,7 @@ def _reported(scraper: ReplicaScraper, replica: str, now: float) -> dict[str, An
     }
 
 
-def _load(r: Replica, now: float) -> dict[str, Any]:
+def _load(gw: Gateway, r: Replica, now: float) -> dict[str, Any]:
     s = r.state(now)
     return {
         "inflight_requests": s.inflight_requests,
@@ -64,6 +64,7 @@ def _load(r: Replica, now: float) -> dict[str, Any]:
         "queued_prefill_tokens": s.inflight_prefill_tokens,
         "utilization": s.utilization,
         "arrival_rate": s.arrival_rate,
+        "last_body_byte_s_ago": gw.liveness.since(r.id, now),  # seen or heard of (proxy/liveness.py)
     }
 
 
@@ -72,7 +73,7 @@ def replica_doc(gw: Gateway, r: Replica, view: ReplicaView | None, now: float) -
     tiers = m.scraper.hit_ratio(r.id) or {}
     return {
         **r.status(),
-        "load": _load(r, now),
+        "load": _load(gw, r, now),
         "cache_model": _cache_model(view),
         "reported": _reported(m.scraper, r.id, now),
         "hit_ratio": {"gateway": m.history.hit_ratio(r.id), **{t: tiers.get(t) for t in TIERS}},

@@ -36,7 +36,7 @@ log = logging.getLogger("kvroute.forward")
 async def _first_chunk(gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, parsed: ParsedRequest) -> bytes:
     """A stream's first chunk, by the attempt's deadline: until it came, the request can move on."""
     with watched(gw, a, resp, parsed):
-        chunk = await gw.up.next_chunk(resp, a.replica, a.deadline, first=True)
+        chunk = await gw.up.next_chunk(resp, a.replica, a.wait)
         if not chunk:
             raise UpstreamUnavailable("stream ended before its first byte", retryable=True)
         if (code := first_event_error(chunk)) is not None and code >= 500:

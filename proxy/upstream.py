@@ -20,8 +20,9 @@ Error classification (what the handler may retry on another replica):
 
 Deadlines are loop times (``asyncio.timeout_at``), not aiohttp's ``sock_read``: one socket read timeout
 cannot tell a long prefill from an idle stream. A first-byte deadline waits on while the replica is
-working, i.e. sent body bytes to any request within the liveness window (``proxy/liveness.py``), up to
-``request_timeout``: a busy replica's queued request is not aborted and moved.
+working, i.e. sent body bytes to any request within the liveness window (``proxy/liveness.py``), and
+the request is not stuck, up to the cap of its ``FirstByteWait`` (the attempt's start + ``request_timeout``):
+a busy replica's queued request is not aborted and moved.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import orjson
 from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from proxy.liveness import Liveness, PatientTimeout
+from proxy.liveness import FirstByteWait, Liveness, PatientTimeout
 
 log = logging.getLogger("kvroute.upstream")
 ABORT_TIMEOUT_S = 2.0
@@ -48,7 +49,6 @@ class Upstream:
         session: aiohttp.ClientSession,
         connect_timeout: float,
         liveness: Liveness | None = None,
-        max_wait_s: float = 600.0,
         on_extend: Callable[[str], None] | None = None,
     ) -> None:
         self.session = session
@@ -56,15 +56,16 @@ class Upstream:
             total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
         )
         self.liveness = liveness or Liveness(5.0)
-        self._max_wait_s = max_wait_s
         self._on_extend = on_extend  # told the replica id of each first-byte wait that went on
 
-    def _first_byte(self, replica: str, deadline: float) -> PatientTimeout:
-        """The wait for a first byte: past ``deadline`` only while the replica is working."""
-        cap = asyncio.get_running_loop().time() + self._max_wait_s
-        tell = self._on_extend
+    def _first_byte(self, replica: str, wait: FirstByteWait) -> PatientTimeout:
+        """The wait for a first byte: past its deadline only while the replica is working and the request
+        is not stuck, never past its cap."""
+        tell, live = self._on_extend, self.liveness
         extended = None if tell is None else (lambda: tell(replica))
-        return PatientTimeout(deadline, cap, lambda: self.liveness.working_until(replica), extended)
+        return PatientTimeout(
+            wait.deadline, wait.cap, lambda: None if wait.stuck() else live.working_until(replica), extended
+        )
 
     @staticmethod
     def new_session(max_connections: int = 0) -> aiohttp.ClientSession:
@@ -82,12 +83,12 @@ class Upstream:
         path_qs: str,
         headers: Mapping[str, str],
         body: bytes | None,
-        deadline: float,
+        wait: FirstByteWait,
     ) -> aiohttp.ClientResponse:
-        """Sends one request; returns the response once its headers arrived (any status), by the loop
-        time ``deadline``."""
+        """Sends one request; returns the response once its headers arrived (any status), by ``wait``'s
+        deadline (or later, while the replica works)."""
         try:
-            async with self._first_byte(base_url, deadline):
+            async with self._first_byte(base_url, wait):
                 resp = await self.session.request(
                     method,
                     base_url + path_qs,
@@ -113,17 +114,18 @@ class Upstream:
         return resp
 
     async def next_chunk(
-        self, resp: aiohttp.ClientResponse, replica: str, deadline: float, first: bool = False
+        self, resp: aiohttp.ClientResponse, replica: str, until: float | FirstByteWait
     ) -> bytes:
-        """The next piece of ``replica``'s body as it arrives (b"" at its end), by the loop time
-        ``deadline`` (``first``: a first-byte deadline, which waits on while the replica works; nothing
-        of the body reached the client yet, so a failure is retryable)."""
+        """The next piece of ``replica``'s body as it arrives (b"" at its end): by the loop time ``until``,
+        or, for the first one, by ``until``'s first-byte wait (nothing of the body reached the client yet,
+        so a failure is retryable)."""
+        first = isinstance(until, FirstByteWait)
         try:
-            if first:
-                async with self._first_byte(replica, deadline):
+            if isinstance(until, FirstByteWait):
+                async with self._first_byte(replica, until):
                     chunk = await resp.content.readany()
             else:
-                async with asyncio.timeout_at(deadline):
+                async with asyncio.timeout_at(until):
                     chunk = await resp.content.readany()
             if chunk:
                 self.liveness.beat(replica, asyncio.get_running_loop().time())
@@ -142,11 +144,11 @@ class Upstream:
         while chunk := await self.next_chunk(resp, replica, loop.time() + idle_s):
             yield chunk
 
-    async def read(self, resp: aiohttp.ClientResponse, replica: str, deadline: float) -> bytes:
-        """``replica``'s whole body, by the loop time ``deadline``, waiting on while the replica works
-        (nothing of it reached the client: retryable)."""
+    async def read(self, resp: aiohttp.ClientResponse, replica: str, wait: FirstByteWait) -> bytes:
+        """``replica``'s whole body, by ``wait``'s deadline, waiting on while the replica works (nothing of
+        it reached the client: retryable)."""
         try:
-            async with self._first_byte(replica, deadline):
+            async with self._first_byte(replica, wait):
                 body = await resp.read()
             self.liveness.beat(replica, asyncio.get_running_loop().time())
             return body

@@ -4,7 +4,8 @@ emulated SGLang replicas with faults and the debug views on (see tests/conftest.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 import aiohttp
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from proxy.context import GATEWAY, Gateway
 from tests.conftest import MODEL, Emu, Emulators, StartGateway, serve, wait_for
+from tests.redis_server import RedisServer
 
 __all__ = [
     "ADMIN",
@@ -130,3 +132,16 @@ async def post(
     """(status, body bytes, lower-cased headers) of one POST."""
     async with aiohttp.ClientSession() as s, s.post(url + path, data=body, headers=headers or {}) as r:
         return r.status, await r.read(), {k.lower(): v for k, v in r.headers.items()}
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` of the test's own on a free port (stopped at teardown)."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (Debian package redis-server)")
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -5,11 +5,13 @@ restarted with its cache lost is used again as soon as it is healthy."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from proxy.breaker import BreakerState
 from tests.proxy.conftest import EMU_FLAGS, MODEL, Stack, StackFactory, wait_for
@@ -148,3 +150,41 @@ async def test_a_request_queued_on_a_working_replica_waits_there_past_its_first_
     assert f'kvroute_first_byte_waits_extended_total{{replica="{busy.url}"}} 1' in metrics
     assert "kvroute_retries_total{" not in metrics and breaker(stack, busy.url) is BreakerState.CLOSED
     assert len(await busy.generations()) == 2  # never aborted: two requests reached it, each once
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_request_the_replica_lost_while_it_works_is_moved_on(
+    stack_factory: StackFactory, stream: bool
+) -> None:
+    """The replica accepts one request and never answers it ("hang") while it streams a long answer to
+    another client: it is working, so a streamed request's wait would go on past its 0.3 s deadline
+    until the long answer ends (~8 s). But three requests sent after it get their first bytes while it is
+    past its deadline, on a replica that starts prefills in arrival order: it is not queued there, so it
+    is retried at once (the fault is spent: the retry, on the same replica, is answered). An answer that
+    is not streamed never waits on past its deadline (0.3 s + 4 tokens x 10 ms)."""
+    stack = await stack_factory(
+        n=1,
+        first_byte_timeout=0.3,
+        first_byte_timeout_factor=0.0,
+        first_byte_timeout_margin=0.0,
+        decode_timeout_per_token=0.01,
+    )
+    emu = stack.replicas[0]
+    await emu.fault(action="slow", factor=40)  # 10 ms per streamed token
+    long = chat("long", stream=True, max_tokens=2000)
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/chat/completions", json=long) as r:
+        await r.content.readuntil(b"\n\n")  # it runs, and will for ~8 s
+        await emu.fault(action="hang", count=1)
+        t0 = loop.time()
+        lost = asyncio.ensure_future(ask(stack.url, chat("lost", stream=stream)))
+        await asyncio.sleep(0.4)  # past its deadline (a streamed one is kept waiting: the replica works)
+        for i in range(3):
+            assert (await ask(stack.url, chat(f"later {i}", stream=True)))[0] == 200
+        status, lines, _ = await lost
+        waited = loop.time() - t0
+        assert not r.content.at_eof()  # the replica still works (the client leaves it now)
+    assert status == 200 and (lines[-1] == b"[DONE]" if stream else b'"choices"' in lines[0])
+    assert waited < 2.5, waited  # not until the long answer ended
+    assert f'kvroute_retries_total{{replica="{emu.url}"}} 1' in stack.metrics()
+    assert len(await emu.generations()) == 6  # the long one, the lost one and its retry, three later ones

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 import orjson
+import pytest
 
 from proxy.replica_info import STORAGE_UNBOUNDED, parse_replica_info
 from tests.proxy.conftest import EMU_FLAGS, MODEL, SYSTEM, Stack, StackFactory, wait_for
@@ -230,3 +231,22 @@ async def test_queued_prefill_is_priced_at_the_current_learned_rate(stack: Stack
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize(
+    ("info", "in_order"),
+    [
+        ({}, True),  # SGLang's defaults: fcfs, one scheduler
+        ({"schedule_policy": "fcfs", "dp_size": 1}, True),
+        ({"schedule_policy": "lpm"}, False),  # longest prefix first
+        ({"dp_size": 2}, False),  # a queue per rank
+        ({"enable_priority_scheduling": True}, False),
+    ],
+)
+def test_a_replica_starts_prefills_in_send_order_only_with_one_fcfs_queue(
+    info: dict[str, object], in_order: bool
+) -> None:
+    parsed = parse_replica_info(
+        {"max_total_num_tokens": 1000, **info}, {"architectures": ["LlamaForCausalLM"]}
+    )
+    assert parsed.in_send_order is in_order

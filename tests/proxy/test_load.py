@@ -238,3 +238,33 @@ def test_only_the_head_of_the_queue_counts_as_overdue_and_not_once_it_started() 
     assert r.view(10.0, 0).inflight_prefill_s == pytest.approx(1.0)  # 2 s of work, the head's 1 s done
     r.first_token(head, 10.0)
     assert r.view(11.0, 0).inflight_prefill_s == pytest.approx(11.0)  # now the head, and 9 s overdue
+
+
+def test_a_first_byte_overtakes_the_overdue_streamed_requests_sent_well_before_it() -> None:
+    r = load()
+    early, unstreamed, close, soon, later, last = (
+        work(0.0),
+        work(0.0, streamed=False),  # waits for a whole answer: being overtaken is normal
+        work(0.25),  # within OVERTAKE_MARGIN_S of ``later``: a race on the wire
+        work(0.3),
+        work(0.3),
+        work(0.5),
+    )
+    for w in (early, unstreamed, close, soon, later, last):
+        w.first_byte_s = 0.5  # past it from 0.5 s after its send
+        r.add(w)
+    r.first_token(soon, 0.45)  # early is not overdue yet: it may still be on its way in
+    assert early.overtaken == 0
+    r.first_token(later, 1.0)
+    assert (early.overtaken, unstreamed.overtaken, close.overtaken, last.overtaken) == (1, 0, 0, 0)
+    whole = work(0.4, streamed=False)
+    whole.first_byte_s = 0.5
+    r.add(whole)
+    r.first_token(whole, 1.05)  # a whole answer (or its promotion) is no first byte: it overtakes nobody
+    assert early.overtaken == 1
+    r.first_token(early, 1.1)  # the head of the queue overtakes nobody
+    r.first_token(last, 1.2)
+    assert (early.overtaken, unstreamed.overtaken, close.overtaken) == (1, 0, 1)
+    r.release(unstreamed, 1.3)
+    r.first_token(work(2.0), 2.0)  # not in the queue: nothing counts
+    assert close.overtaken == 1

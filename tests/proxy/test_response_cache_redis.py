@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Iterator
 
 import orjson
 import pytest
@@ -19,16 +18,6 @@ from tests.redis_server import RedisServer
 
 KEY = re.compile(r"kvroute:[0-9a-f]{16}:resp:[0-9a-f]{64}")
 LOGGER = "kvroute.response_cache"
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _keys(server: RedisServer) -> dict[str, bytes]:

@@ -7,9 +7,7 @@ Each test drives the gateways with plain HTTP over the real emulator; a request'
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -30,18 +28,6 @@ from tests.redis_server import RedisServer
 JSON = {"Content-Type": "application/json"}
 TIMEOUT = aiohttp.ClientTimeout(total=30)
 SECRET = "zanzibar-quokka-marmalade"  # a word that must never reach the store
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed (Debian package redis-server)")
-    server = RedisServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def replicas(emulators: Emulators, n: int) -> list[str]:

@@ -59,6 +59,7 @@ async def test_status_page_in_chromium(emulator_server: Emulators, gateway: Star
             rows = await _rows(page)
             assert set(rows) == {hicache.url, plain.url}
             assert all("healthy" in text for text in rows.values())
+            assert all("last bytes" in text for text in rows.values())  # both streamed (proxy/liveness.py)
             assert "HiCache write_back" in rows[hicache.url] and "HiCache off" in rows[plain.url]
             assert "no /metrics" in rows[plain.url] and "scraped" in rows[hicache.url]
             assert all("cache model learned: the replica publishes no KV events" in t for t in rows.values())

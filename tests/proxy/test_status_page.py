@@ -62,8 +62,10 @@ async def test_the_json_document_per_replica(stack: Stack) -> None:
     assert doc["scrape_interval_s"] == 0.5  # the tests' 0.1 s health interval, bounded
     for r in doc["replicas"]:
         assert set(r["load"]) == {
-            "inflight_requests", "queued_prefill_s", "queued_prefill_tokens", "utilization", "arrival_rate"
+            "inflight_requests", "queued_prefill_s", "queued_prefill_tokens", "utilization", "arrival_rate",
+            "last_body_byte_s_ago",
         }  # fmt: skip
+        assert 0.0 <= r["load"]["last_body_byte_s_ago"] < 30.0  # it streamed to us (proxy/liveness.py)
         gpu = r["cache_model"]["gpu"]
         assert gpu["capacity_tokens"] == 100_000 and gpu["blocks"] > 0
         assert gpu["fill"] == pytest.approx(gpu["tokens"] / 100_000)

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from proxy.access_log import Access
 from proxy.context import Gateway
-from proxy.liveness import FirstByteWait
+from proxy.liveness import FirstByteWait, always
 from proxy.load import Work
 from proxy.types import ParsedRequest, Usage
 from routing.ledger import Ticket
@@ -30,10 +30,6 @@ from routing.ttft import kv_need
 from routing.types import ReplicaId, Report
 
 OVERTAKEN = 3  # overtakes that mark a waiting request as stuck (``Attempt._stuck``)
-
-
-def _always() -> bool:
-    return True
 
 
 class Tap(Protocol):
@@ -59,7 +55,7 @@ class Attempt:
         self.deadline = self.t0 + first_byte_s
         # the first-byte wait of its send and first chunk: never past request_timeout from now; an answer
         # that is not streamed never waits on past its deadline (``_stuck``)
-        stuck = self._stuck if parsed.stream else _always
+        stuck = self._stuck if parsed.stream else always
         self.wait = FirstByteWait(self.deadline, self.t0 + gw.deadlines.request_timeout, stuck)
         self.ttft: float | None = None
         self.usage = Usage()

@@ -32,8 +32,14 @@ from dataclasses import dataclass
 from types import TracebackType
 
 
-def _never() -> bool:
+def never() -> bool:
+    """A request that is never stuck (``FirstByteWait.stuck``)."""
     return False
+
+
+def always() -> bool:
+    """A request that is always stuck: its wait never goes on past its deadline."""
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +50,7 @@ class FirstByteWait:
 
     deadline: float
     cap: float
-    stuck: Callable[[], bool] = _never
+    stuck: Callable[[], bool] = never
 
 
 class Liveness:
@@ -71,8 +77,7 @@ class Liveness:
 
     def quiet_s(self, replica: str, now: float) -> float | None:
         """Seconds since this gateway's own last byte from ``replica`` (None: it never sent one)."""
-        last = self._last.get(replica)
-        return None if last is None else max(0.0, now - last)
+        return _age(self._last.get(replica), now)
 
     def working_until(self, replica: str) -> float | None:
         """The loop time until which the replica counts as working (None: no byte seen or heard of)."""
@@ -81,12 +86,15 @@ class Liveness:
 
     def since(self, replica: str, now: float) -> float | None:
         """Seconds since the replica's last body bytes, seen or heard of (None: never; for /status)."""
-        last = self._latest(replica)
-        return None if last is None else max(0.0, now - last)
+        return _age(self._latest(replica), now)
 
     def _latest(self, replica: str) -> float | None:
         last = max(self._last.get(replica, float("-inf")), self._heard.get(replica, float("-inf")))
         return None if last == float("-inf") else last
+
+
+def _age(last: float | None, now: float) -> float | None:
+    return None if last is None else max(0.0, now - last)
 
 
 class PatientTimeout:

@@ -121,7 +121,7 @@ class Upstream:
         so a failure is retryable)."""
         first = isinstance(until, FirstByteWait)
         try:
-            if isinstance(until, FirstByteWait):
+            if isinstance(until, FirstByteWait):  # (``first``, narrowed for the type checker)
                 async with self._first_byte(replica, until):
                     chunk = await resp.content.readany()
             else:

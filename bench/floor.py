@@ -9,21 +9,25 @@ by any placement. Its prefill seconds (`work_s`, the TTFT without the overhead) 
 router must still have done: `bench.load` divides their sum by the fleet's capacity to get the offered
 load.
 
-The prompt is rendered and tokenized exactly as the emulator does (`bench.oracle`'s tokenizer), and a
-page counts once all of its tokens match (the emulator's radix tree matches whole pages) within the
-request's cache namespace: its `cache_salt` + `extra_key`, as the emulator keys its radix tree
+The prompt is rendered and tokenized exactly as the emulator does: `bench.oracle`'s tokenizer, or, for
+a fleet that tokenizes with a real tokenizer directory (`FleetSpec.tokenizer`, `--emu-tokenizer hf`:
+`bench.exact`), the emulator's own `HfTokenizer` of that directory, whose byte-level BPE gives rag's
+documents ~1.35x the tokens (without it `bench.exact` ran "load 0.6" at ~0.8 and its floor was short
+by as much). A page counts once all of its tokens match (the emulator's radix tree matches whole pages)
+within the request's cache namespace: its `cache_salt` + `extra_key`, as the emulator keys its radix tree
 (rag_tenants: one document under two salts is two prefixes). Timed fleet events are ignored: on
 rag_restart the floor is rag's, as if no replica had lost its cache.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import Workload
+from emulator.hf_tokenizer import load
 from emulator.openai_request import extra_key_of
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 
@@ -48,14 +52,17 @@ def namespace(body: Mapping[str, Any]) -> int:
     return 0 if key is None else hash(("namespace", key))
 
 
-def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) -> list[FloorRequest]:
-    """Each request's ideal TTFT (modelled seconds), cached tokens and prefill work, in workload order."""
+def floor(
+    workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE, tokenizer_path: str | None = None
+) -> list[FloorRequest]:
+    """Each request's ideal TTFT (modelled seconds), cached tokens and prefill work, in workload order;
+    ``tokenizer_path``: the fleet's tokenizer directory, if its replicas tokenize with one."""
     timing = ProfileTiming(PROFILES[profile])
-    tokenizer = SegmentTokenizer()
+    ids_of = prompt_ids(tokenizer_path)
     seen: set[int] = set()
     out = []
     for req in sorted(workload.requests, key=lambda r: r.index):
-        ids = token_ids(tokenizer, req.path, dict(req.body)) or []
+        ids = ids_of(req.path, dict(req.body)) or []
         pages, chain = [], namespace(req.body)
         for i in range(0, len(ids) - page_size + 1, page_size):
             chain = hash((chain, tuple(ids[i : i + page_size])))  # a page's key is its whole prefix
@@ -71,3 +78,20 @@ def floor(workload: Workload, page_size: int, profile: str = DEFAULT_PROFILE) ->
         work, cold = timing.prefill_seconds(cached, len(ids)), timing.prefill_seconds(0, len(ids))
         out.append(FloorRequest(req.index, req.tag, len(ids), cached, ttft, work, cold))
     return out
+
+
+def prompt_ids(tokenizer_path: str | None) -> Callable[[str, dict[str, Any]], list[int] | None]:
+    """A request's prompt ids as the fleet's replicas compute them (None: not a text or chat prompt)."""
+    if tokenizer_path is None:
+        segments = SegmentTokenizer()
+        return lambda path, body: token_ids(segments, path, body)
+    hf = load(tokenizer_path)
+
+    def ids(path: str, body: dict[str, Any]) -> list[int] | None:
+        if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
+            return hf.chat_ids(body["messages"], body.get("tools") or None, body)
+        if path == "/v1/completions" and isinstance(body.get("prompt"), str):
+            return hf.encode(body["prompt"])
+        return None
+
+    return ids

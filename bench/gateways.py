@@ -96,7 +96,7 @@ def longer_rag(prep: Prepared, count: int, quick: bool) -> Prepared:
     last = len(prep.workload.requests) - 1
     factor = prep.workload.requests[last].arrival_s / raw.requests[last].arrival_s
     wl = replace(raw, requests=tuple(replace(r, arrival_s=r.arrival_s * factor) for r in raw.requests))
-    ideal = floor.floor(wl, prep.fleet.page_size, prep.fleet.profile)
+    ideal = floor.floor(wl, prep.fleet.page_size, prep.fleet.profile, prep.fleet.tokenizer)
     offered = load.offered(wl, ideal, prep.fleet.replicas)
     deadline = min(MAX_RUN_S, 60.0 + 4.0 * offered.span_s * prep.fleet.time_scale)
     return Prepared(wl, ideal, offered, prep.fleet, deadline)

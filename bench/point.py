@@ -79,7 +79,7 @@ def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
     wl = workloads.build(name, seed, fleet.shape, run.quick)
     own = wl.time_scale * TIME_SCALE_FACTOR.get(point.profile, 1.0)
     fleet = replace(fleet, time_scale=run.time_scale or own, faults=bool(wl.outages))
-    ideal = floor.floor(wl, fleet.page_size, point.profile)
+    ideal = floor.floor(wl, fleet.page_size, point.profile, fleet.tokenizer)
     if point.load is not None:
         wl, offered = load.at_load(wl, ideal, point.load, fleet.replicas)
         deadline = min(run.max_run_s, 60.0 + 4.0 * offered.span_s * fleet.time_scale)

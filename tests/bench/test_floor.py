@@ -9,9 +9,12 @@ from bench import report
 from bench.floor import FloorRequest, floor
 from bench.oracle import SegmentTokenizer, token_ids
 from bench.workloads import FleetShape, probe, rag, rag_tenants
+from emulator.model_bpe import make_tokenizer
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
+from tests.conftest import StartEmu
 
 SHAPE = FleetShape(replicas=2, gpu_tokens=6000, host_tokens=12000)
+BPE = str(make_tokenizer.HERE)
 
 
 def test_floor_prefills_first_sends_and_hits_repeats_to_the_last_page() -> None:
@@ -65,3 +68,18 @@ def test_floor_keeps_each_cache_salt_a_namespace_of_its_own() -> None:
             assert f.cached_tokens >= 0.9 * f.prompt_tokens, req.index  # the whole document
     plain = floor(rag(2, shape, quick=True), page_size=16)
     assert sum(f.cached_tokens for f in ideal) < sum(f.cached_tokens for f in plain)
+
+
+async def test_a_fleet_with_a_tokenizer_directory_gets_a_floor_in_its_tokens(
+    emulator_server: StartEmu,
+) -> None:
+    """bench.exact's fleets tokenize with emulator/model_bpe: the floor counts each prompt as such a
+    replica reports it (its BPE gives rag ~1.35x the pseudo-tokenizer's tokens)."""
+    emu = await emulator_server("--emu-tokenizer", "hf", "--model-path", BPE, "--emu-time-scale", "0.001")
+    wl = rag(2, SHAPE, quick=True)
+    ideal, pseudo = floor(wl, 16, tokenizer_path=BPE), floor(wl, 16)
+    for req, f, p in list(zip(wl.requests, ideal, pseudo, strict=True))[:3]:
+        body = {**req.body, "max_tokens": 1, "stream": False}
+        async with emu.http.post(emu.url + req.path, json=body) as resp:
+            reported = (await resp.json())["usage"]["prompt_tokens"]
+        assert f.prompt_tokens == reported and p.prompt_tokens < 0.9 * reported

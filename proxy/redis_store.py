@@ -13,7 +13,7 @@ at once, which then gathers them.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -42,7 +42,8 @@ def connect(url: str) -> Any:
         if not path:
             raise ValueError("redis+sentinel:// needs a service name: redis+sentinel://HOST:PORT/SERVICE")
         db = int(path[1]) if len(path) > 1 else 0
-        return Sentinel(hosts, **opts).master_for(path[0], db=db, **opts)  # type: ignore[no-untyped-call]
+        master_for: Callable[..., Any] = Sentinel(hosts, **opts).master_for  # typed from redis 8 on only
+        return master_for(path[0], db=db, **opts)
     return aioredis.Redis.from_url(url, **opts)
 
 

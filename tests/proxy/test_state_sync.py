@@ -18,7 +18,7 @@ from bench.procs import free_ports
 from proxy.context import GATEWAY
 from proxy.openai import parse_request
 from proxy.state_store import MemoryStore
-from proxy.state_sync import STATE_SYNC
+from proxy.state_sync import STATE_SYNC, StateSync
 from proxy.types import Route
 from routing.types import NO_MATCH
 from tests.conftest import Gw, StartGateway
@@ -358,3 +358,50 @@ async def test_another_gateways_round_without_events_ends_a_blocking_read(redis_
     finally:
         await a.close()
         await b.close()
+
+
+class CancelToTimeout(MemoryStore):
+    """A store whose blocking read turns a cancel into ``TimeoutError``, as redis-py's read may when the
+    cancel meets its own socket time-out (the task is then still marked as cancelling)."""
+
+    swallow, swallowed = True, 0
+
+    async def read(self, since: str, block_s: float = 0.0) -> Any:
+        try:
+            await asyncio.sleep(block_s)  # always the whole wait: the reader is nearly always in here
+        except asyncio.CancelledError:
+            if not self.swallow:
+                raise
+            self.swallowed += 1
+            raise TimeoutError("read timed out") from None
+        return await super().read(since)
+
+
+def loops_of(sync: StateSync) -> list[asyncio.Task[Any]]:
+    """The tasks still running one of ``sync``'s coroutines (run, and the reader and publisher that
+    ``asyncio.gather`` wraps in tasks of their own)."""
+    frames = [(t, getattr(t.get_coro(), "cr_frame", None)) for t in asyncio.all_tasks()]
+    return [t for t, f in frames if f is not None and f.f_locals.get("self") is sync]
+
+
+async def test_a_cancel_the_store_turns_into_a_time_out_still_stops_the_sync(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """The run task ends at once either way (``gather`` ends with its first cancelled child); the
+    reader, had it taken the time-out for a store in trouble, would have looped on unseen."""
+    (g,) = await gateways(gateway, await replicas(emulator_server, 1), 1, state="memory")
+    store = CancelToTimeout()
+    sync = StateSync(g.app[GATEWAY], store, interval_s=0.2)
+    task = asyncio.create_task(sync.run())
+    try:
+        await wait_for(sync.ready.is_set, 5)
+        await asyncio.sleep(0.05)  # the reader is in its blocking read
+        task.cancel()
+        for _ in range(20):
+            await asyncio.sleep(0.05)
+        assert store.swallowed and task.cancelled() and loops_of(sync) == []
+    finally:  # without the stop the reader loops on: let the next cancel through
+        store.swallow = False
+        for t in loops_of(sync):
+            t.cancel()
+        await asyncio.sleep(0.3)

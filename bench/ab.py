@@ -146,14 +146,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("base", help="git revision of the code before the change")
     p.add_argument("candidate", help="git revision of the change")
     p.add_argument("points", nargs="+", help="workload:load[:profile], or workload for its own pace")
-    p.add_argument("--seeds", default="1", help="comma-separated seeds (default 1)")
+    p.add_argument("--seeds", type=plan.seeds_arg, default=(1,), help="comma-separated seeds (default 1)")
     p.add_argument("--exact", action="store_true", help="tokenizer and KV events, as bench.exact's exact")
     p.add_argument("--time-scale", type=float, default=None, help="default: each workload's own")
     p.add_argument("--quick", action="store_true", help="the benchmark's small workloads")
     p.add_argument("--max-run-seconds", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="default: a new directory under /tmp")
     a = p.parse_args(argv)
-    a.seeds = [int(s) for s in a.seeds.split(",")]
     for label in a.points:
         try:
             name = parse_point(label).workloads[0]

@@ -69,7 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--matrix", action="store_true", help="every workload x every system at load 0.6, one seed")
     add("--load", default="", help=f"offered loads, comma-separated (default {plan.DEFAULT_LOAD})")
     add("--profile", default="", help="emulator profiles, comma-separated (default rtx3090x2)")
-    add("--seeds", default="", help="comma-separated seeds: the table is their mean (default 1)")
+    add(
+        "--seeds",
+        type=plan.seeds_arg,
+        default=(),
+        help="comma-separated seeds: the table is their mean (default 1)",
+    )
     add("--systems", default="", help="comma-separated names or groups (kvroute, sglang, all)")
     add("--replicas", type=int, default=4)
     add("--time-scale", type=float, default=None, help="wall s per modelled s (default: the workload's)")
@@ -89,10 +94,7 @@ def _points(a: argparse.Namespace, p: argparse.ArgumentParser) -> tuple[Point, .
     for name in profiles:
         if name not in plan.PROFILES:
             p.error(f"unknown profile {name!r}; known: {', '.join(plan.PROFILES)}")
-    try:
-        seeds = [int(s) for s in a.seeds.split(",") if s.strip()] or [1]
-    except ValueError:
-        p.error(f"--seeds: expected comma-separated integers, got {a.seeds!r}")
+    seeds = list(a.seeds) or [1]
     if a.matrix:
         return plan.matrix_plan(seeds[0])
     if not (a.workloads or a.load or a.profile or a.seeds):

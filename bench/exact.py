@@ -119,22 +119,12 @@ def write_verdicts(out: Path, pts: tuple[Point, ...], command: str) -> str:
     return md
 
 
-def _seeds(text: str) -> tuple[int, ...]:
-    try:
-        seeds = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seeds are integers separated by commas, not {text!r}") from None
-    if not seeds or len(set(seeds)) != len(seeds):
-        raise argparse.ArgumentTypeError(f"seeds must be distinct: {text!r}")
-    return seeds
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.exact", description=__doc__.split("\n")[0])
     p.add_argument("workloads", nargs="*", default=[], help=f"any of {', '.join(workloads.GENERATORS)}")
     p.add_argument("--quick", action="store_true", help="the benchmark's small workloads")
     p.add_argument("--out", type=Path, default=None, help="default bench/results/exact")
-    p.add_argument("--seeds", type=_seeds, default=(1,), help="e.g. 1,2,3 (default 1): their mean")
+    p.add_argument("--seeds", type=plan.seeds_arg, default=(1,), help="e.g. 1,2,3 (default 1): their mean")
     p.add_argument("--max-run-seconds", type=float, default=240.0)
     p.add_argument(
         "--time-scale", type=float, default=None, help="wall s per modelled s (default: the workload's)"

@@ -22,6 +22,7 @@ to every named load. Results go to OUT/<profile>/<load-dir>/<workload>/
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,6 +68,17 @@ class Point:
         seeds = ", ".join(map(str, self.seeds))
         pace = "own pace" if self.load is None else f"load {self.load:g}"
         return f"profile {self.profile}, {pace}, seed{'s' if len(self.seeds) > 1 else ''} {seeds}"
+
+
+def seeds_arg(text: str) -> tuple[int, ...]:
+    """``--seeds`` of every bench command: distinct integers separated by commas ("1, 2,3")."""
+    try:
+        seeds = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"expected distinct seeds, got {text!r}")
+    return seeds
 
 
 def default_plan() -> tuple[Point, ...]:

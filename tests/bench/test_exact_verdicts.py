@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import exact
+from bench import exact, plan
 from bench.report import Summary
 
 
@@ -59,10 +59,14 @@ def test_a_missing_seed_reads_na(tmp_path: Path) -> None:
     assert _cells(exact.verdict_rows(tmp_path, (pt,))[0])[5] == "1.00x (n/a, 0.90)"
 
 
-@pytest.mark.parametrize("text", ["1,x", "1,1", ""])
+@pytest.mark.parametrize("text", ["1,x", "1,1", "", " , "])
 def test_bad_seeds_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        exact._seeds(text)
+        plan.seeds_arg(text)
+
+
+def test_seeds_may_carry_spaces() -> None:
+    assert plan.seeds_arg("1, 2,3") == (1, 2, 3)
 
 
 def test_seeds_reach_the_points() -> None:

@@ -21,7 +21,7 @@ rag_restart the floor is rag's, as if no replica had lost its cache.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +58,11 @@ def floor(
     """Each request's ideal TTFT (modelled seconds), cached tokens and prefill work, in workload order;
     ``tokenizer_path``: the fleet's tokenizer directory, if its replicas tokenize with one."""
     timing = ProfileTiming(PROFILES[profile])
-    ids_of = prompt_ids(tokenizer_path)
+    tokenizer = load(tokenizer_path) if tokenizer_path else SegmentTokenizer()
     seen: set[int] = set()
     out = []
     for req in sorted(workload.requests, key=lambda r: r.index):
-        ids = ids_of(req.path, dict(req.body)) or []
+        ids = token_ids(tokenizer, req.path, dict(req.body)) or []
         pages, chain = [], namespace(req.body)
         for i in range(0, len(ids) - page_size + 1, page_size):
             chain = hash((chain, tuple(ids[i : i + page_size])))  # a page's key is its whole prefix
@@ -78,20 +78,3 @@ def floor(
         work, cold = timing.prefill_seconds(cached, len(ids)), timing.prefill_seconds(0, len(ids))
         out.append(FloorRequest(req.index, req.tag, len(ids), cached, ttft, work, cold))
     return out
-
-
-def prompt_ids(tokenizer_path: str | None) -> Callable[[str, dict[str, Any]], list[int] | None]:
-    """A request's prompt ids as the fleet's replicas compute them (None: not a text or chat prompt)."""
-    if tokenizer_path is None:
-        segments = SegmentTokenizer()
-        return lambda path, body: token_ids(segments, path, body)
-    hf = load(tokenizer_path)
-
-    def ids(path: str, body: dict[str, Any]) -> list[int] | None:
-        if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
-            return hf.chat_ids(body["messages"], body.get("tools") or None, body)
-        if path == "/v1/completions" and isinstance(body.get("prompt"), str):
-            return hf.encode(body["prompt"])
-        return None
-
-    return ids

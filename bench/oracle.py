@@ -32,7 +32,7 @@ import itertools
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -41,8 +41,9 @@ import orjson
 from aiohttp import web
 
 from emulator.errors import ApiError
+from emulator.hf_tokenizer import HfTokenizer
 from emulator.openai_request import extra_key_of
-from emulator.tokenizer import PseudoTokenizer, apply_chat_template
+from emulator.tokenizer import PseudoTokenizer, chat_text
 
 RELAYED_HEADERS = ("content-type", "x-emu-replica", "x-request-id")
 
@@ -60,6 +61,12 @@ class SegmentTokenizer:
         self._tokenizer = PseudoTokenizer()
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._size = size
+
+    def chat_ids(
+        self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
+    ) -> list[int]:
+        """``PseudoTokenizer.chat_ids`` with this cached encode."""
+        return self.encode(chat_text(messages, tools, body))
 
     def encode(self, text: str) -> list[int]:
         parts = text.split("\n")
@@ -103,12 +110,13 @@ class OracleState:
             self.decisions.write(orjson.dumps(line) + b"\n")
 
 
+PromptTokenizer = SegmentTokenizer | PseudoTokenizer | HfTokenizer  # whatever a replica tokenizes with
 BACKENDS = web.AppKey("backends", list[str])
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 STATE = web.AppKey("state", OracleState)
 
 
-def predict_payload(tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, body: dict[str, Any]) -> bytes:
+def predict_payload(tokenizer: PromptTokenizer, path: str, body: dict[str, Any]) -> bytes:
     """The /_emu/predict body: pre-tokenized native input_ids when possible, else the request as is. A
     cache namespace (`cache_salt` + `extra_key`, which the emulator concatenates) goes as the native
     request's `extra_key`: the same radix root, still without N tokenizations."""
@@ -125,18 +133,11 @@ def predict_payload(tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, bo
     return orjson.dumps({"path": "/generate", "body": native})
 
 
-def token_ids(
-    tokenizer: SegmentTokenizer | PseudoTokenizer, path: str, body: dict[str, Any]
-) -> list[int] | None:
+def token_ids(tokenizer: PromptTokenizer, path: str, body: dict[str, Any]) -> list[int] | None:
+    """A request's prompt ids as a replica with ``tokenizer`` computes them (None: neither a chat nor a
+    text completion)."""
     if path == "/v1/chat/completions" and isinstance(body.get("messages"), list):
-        cont = bool(body.get("continue_final_message"))
-        text = apply_chat_template(
-            body["messages"],
-            tools=body.get("tools") or None,
-            add_generation_prompt=not cont,
-            continue_final_message=cont,
-        )
-        return tokenizer.encode(text)
+        return tokenizer.chat_ids(body["messages"], body.get("tools"), body)
     if path == "/v1/completions" and isinstance(body.get("prompt"), str):
         return tokenizer.encode(body["prompt"])
     return None

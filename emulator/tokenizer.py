@@ -122,14 +122,8 @@ class PseudoTokenizer:
     def chat_ids(
         self, messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]
     ) -> list[int]:
-        """The ids of ``apply_chat_template`` (tools as sent; ``continue_final_message`` leaves the last turn
-        open and adds no generation prompt)."""
-        cont = bool(body.get("continue_final_message"))
-        tool_list = tools if isinstance(tools, list) and tools else None
-        text = apply_chat_template(
-            messages, tool_list, add_generation_prompt=not cont, continue_final_message=cont
-        )
-        return self.encode(text)
+        """The ids of ``chat_text``."""
+        return self.encode(chat_text(messages, tools, body))
 
     def _piece(self, i: int) -> str:
         piece = self._pieces.get(i)
@@ -214,6 +208,16 @@ def _render_message(message: Mapping[str, Any]) -> str:
     if role == "tool":
         body = f"<tool_response>\n{body}\n</tool_response>"
     return f"<|im_start|>{role}\n{body}"
+
+
+def chat_text(messages: Sequence[Mapping[str, Any]], tools: object, body: Mapping[str, Any]) -> str:
+    """A chat request's prompt text: ``apply_chat_template`` with the tools as sent (a non-empty list,
+    else none); ``continue_final_message`` leaves the last turn open and adds no generation prompt."""
+    cont = bool(body.get("continue_final_message"))
+    tool_list = tools if isinstance(tools, list) and tools else None
+    return apply_chat_template(
+        messages, tool_list, add_generation_prompt=not cont, continue_final_message=cont
+    )
 
 
 def apply_chat_template(

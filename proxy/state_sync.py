@@ -110,7 +110,9 @@ class StateSync:
         except Exception as e:
             self._trouble(e)
         self.ready.set()
-        await asyncio.gather(self._publishing(), self._reading())
+        async with asyncio.TaskGroup() as loops:  # a cancel ends run once both loops have ended
+            loops.create_task(self._publishing())
+            loops.create_task(self._reading())
 
     async def _publishing(self) -> None:
         """A round as soon as the Router has something to share (at most every ``MIN_GAP_S``, so a

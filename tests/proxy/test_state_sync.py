@@ -387,8 +387,8 @@ def loops_of(sync: StateSync) -> list[asyncio.Task[Any]]:
 async def test_a_cancel_the_store_turns_into_a_time_out_still_stops_the_sync(
     emulator_server: Emulators, gateway: StartGateway
 ) -> None:
-    """The run task ends at once either way (``gather`` ends with its first cancelled child); the
-    reader, had it taken the time-out for a store in trouble, would have looped on unseen."""
+    """The reader, had it taken the time-out for a store in trouble, would have looped on, and the run
+    task waits for it."""
     (g,) = await gateways(gateway, await replicas(emulator_server, 1), 1, state="memory")
     store = CancelToTimeout()
     sync = StateSync(g.app[GATEWAY], store, interval_s=0.2)

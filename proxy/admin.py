@@ -7,7 +7,8 @@
                                                     → 200 {"replica": status}  (no new requests)
 
 Without ``--admin-key`` the admin API is disabled (403). A wrong or missing key is 401. Keys are
-compared in constant time.
+compared in constant time. ``authorize_reader`` guards ``/status`` and ``/metrics``: with an admin key
+or a ``--status-key`` set (and no ``--public-status``), one of the two is needed.
 """
 
 from __future__ import annotations
@@ -24,14 +25,34 @@ from proxy.openai import parse_json
 from proxy.setting_converters import parse_url
 
 
+def _carries(request: web.Request, key: str | None) -> bool:
+    """Does the request carry ``Authorization: Bearer <key>`` (compared in constant time)?"""
+    given = request.headers.get("Authorization", "")
+    return key is not None and hmac.compare_digest(given.encode(errors="replace"), f"Bearer {key}".encode())
+
+
+def is_admin(request: web.Request, gw: Gateway) -> bool:
+    return _carries(request, gw.settings.admin_key)
+
+
 def authorize(request: web.Request, gw: Gateway) -> None:
     """403 when the admin key is not configured, 401 when the request does not carry it."""
-    key = gw.settings.admin_key
-    if key is None:
+    if gw.settings.admin_key is None:
         raise Forbidden("admin endpoints are disabled: start kvroute with --admin-key")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+    if not is_admin(request, gw):
         raise Unauthorized("invalid or missing admin key")
+
+
+def authorize_reader(request: web.Request, gw: Gateway) -> None:
+    """``/status`` and ``/metrics``: open unless ``Settings.status_protected``; then the admin key or the
+    read-only ``--status-key`` (401 otherwise)."""
+    st = gw.settings
+    if not st.status_protected or is_admin(request, gw) or _carries(request, st.status_key):
+        return
+    raise Unauthorized(
+        "this gateway's /status and /metrics need its admin key or its --status-key: "
+        "send Authorization: Bearer <key>"
+    )
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:

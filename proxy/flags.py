@@ -27,7 +27,24 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--dns-server", "HOST[:PORT]", "DNS server that --discover asks (default: the system's resolvers)"),
     ("--config", "FILE", "TOML settings file (keys as the flags, with underscores)"),
     ("--policy", "NAME", f"routing policy: {', '.join(POLICY_NAMES)}"),
-    ("--admin-key", "KEY", "Bearer key for the admin API and /flush_cache (both disabled when unset)"),
+    (
+        "--admin-key",
+        "KEY",
+        "Bearer key for the admin API, replica control and /flush_cache (all disabled when unset); it "
+        "also opens /status and /metrics, which it closes to others (see --public-status)",
+    ),
+    ("--status-key", "KEY", "a read-only Bearer key for /status and /metrics (e.g. Prometheus' scrape)"),
+    (
+        "--public-status",
+        "BOOL",
+        "true: /status and /metrics stay open to anyone even with --admin-key or --status-key",
+    ),
+    (
+        "--replica-api-key",
+        "KEY",
+        "sent to every replica as Authorization: Bearer KEY (SGLang's --api-key); a client's own "
+        "Authorization is never forwarded",
+    ),
     ("--max-body-bytes", "BYTES", "largest request body accepted (413 beyond)"),
     ("--body-timeout", "S", "seconds for a request body to arrive once its headers did (408 beyond)"),
     (
@@ -131,6 +148,18 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--max-messages", "N", "chat messages per request (400 beyond)"),
     ("--max-field-bytes", "BYTES", "bytes of any one string in a request body (413 beyond)"),
     ("--max-json-depth", "N", "nesting depth of objects and arrays in a request body (400 beyond)"),
+    ("--max-header-bytes", "BYTES", "bytes of a request's header names and values together (431 beyond)"),
+    (
+        "--client-write-timeout",
+        "S",
+        "seconds a streamed answer may wait for a client that stopped reading; then it is cut and the "
+        "request aborted on its replica",
+    ),
+    (
+        "--warmup-max-tokens-per-tenant",
+        "N",
+        "tokens of live warmed documents one tenant (or one tenant-less key) may hold (0: no bound)",
+    ),
     ("--tls-cert", "FILE", "PEM certificate (chain): serve HTTPS; needs --tls-key"),
     ("--tls-key", "FILE", "PEM private key of --tls-cert"),
     (

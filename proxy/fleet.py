@@ -32,6 +32,7 @@ from proxy.errors import UpstreamError
 from proxy.health_log import HealthLog
 from proxy.load import TrafficEpoch, Work
 from proxy.replica import Lease, Pricing, Replica, nothing
+from proxy.replica_auth import ReplicaAuth, replica_id_of
 from proxy.replica_info import parse_replica_info
 from proxy.upstream import Upstream
 from routing.tiers import tier_warnings
@@ -56,8 +57,10 @@ class Fleet:
         on_restart: Callable[[ReplicaId], None],
         breaker: BreakerPolicy | None = None,
         pricing: Pricing | None = None,
+        auth: ReplicaAuth | None = None,
     ) -> None:
         self._replicas: dict[ReplicaId, Replica] = {}
+        self.auth = auth or ReplicaAuth()  # credentials per replica id (``proxy/replica_auth.py``)
         self._breaker = breaker
         self._pricing = pricing
         self._interval = health_interval
@@ -73,20 +76,23 @@ class Fleet:
 
     # ---- membership (admin API) ----
     def add(self, url: str) -> Replica:
-        replica = self._replicas.get(url.rstrip("/"))
+        """The replica at ``url`` (added when new); its id is the URL without credentials."""
+        rid = self.auth.register(url)
+        replica = self._replicas.get(rid)
         if replica is None:
-            replica = Replica(url, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
+            replica = Replica(rid, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
             self._replicas[replica.id] = replica
         return replica
 
-    def remove(self, replica_id: ReplicaId) -> bool:
-        replica = self._replicas.pop(replica_id.rstrip("/"), None)
+    def remove(self, rid: ReplicaId) -> bool:
+        replica = self._replicas.pop(replica_id_of(rid), None)
         if replica is not None:
+            self.auth.forget(replica.id)
             self._on_removed(replica.id)
         return replica is not None
 
-    def drain(self, replica_id: ReplicaId, draining: bool) -> bool:
-        replica = self._replicas.get(replica_id.rstrip("/"))
+    def drain(self, rid: ReplicaId, draining: bool) -> bool:
+        replica = self._replicas.get(replica_id_of(rid))
         if replica is not None:
             replica.draining = draining
         return replica is not None
@@ -98,8 +104,8 @@ class Fleet:
         if r is not None and ratio is not None:
             r.running_reserve = min(max(ratio, 0.0), 1.0)
 
-    def get(self, replica_id: ReplicaId) -> Replica | None:
-        return self._replicas.get(replica_id)
+    def get(self, rid: ReplicaId) -> Replica | None:
+        return self._replicas.get(rid) or self._replicas.get(replica_id_of(rid))
 
     def replicas(self) -> list[Replica]:
         return list(self._replicas.values())

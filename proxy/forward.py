@@ -49,6 +49,12 @@ def request_id(request: web.Request) -> str:
     return request.headers.get("x-request-id") or uuid.uuid4().hex
 
 
+def upstream_target(request: web.Request, parsed: ParsedRequest) -> str:
+    """The route's own path and the client's raw query: never the client's spelling of the path."""
+    _, sep, query = request.raw_path.partition("?")
+    return parsed.upstream_path + sep + query
+
+
 def _attempt_order(decision: Decision, retries: int) -> list[ReplicaId]:
     """``1 + retries`` attempts over the ranked replicas, cycling when there are fewer replicas (a
     single replica gets a second try after, e.g., a keep-alive connection it closed under us)."""
@@ -141,7 +147,9 @@ async def _try(
 ) -> web.StreamResponse | None:
     """Returns the relayed response, or None to try the next replica; raises UpstreamError."""
     with watched(gw, a, None, parsed):
-        resp = await gw.up.send(a.replica, request.method, request.path_qs, headers, raw or None, a.wait)
+        resp = await gw.up.send(
+            a.replica, request.method, upstream_target(request, parsed), headers, raw or None, a.wait
+        )
     try:
         if resp.status >= 500:
             a.suspected(f"HTTP {resp.status}")

@@ -5,60 +5,61 @@ stays answerable while draining). For each one, in order:
 
 1. with ``--api-keys``, the ``Authorization: Bearer <key>`` must be a known key (401 ``invalid_api_key``
    otherwise), on every ``/v1/*`` and ``/generate`` request, GETs included (``proxy/api_keys.py``); the
-   handler gets the key (``proxy.tenancy.CLIENT_KEY``) and a request without the Authorization header;
+   handler gets the key (``proxy.tenancy.CLIENT_KEY``). The header itself is never forwarded to a
+   replica (``proxy/relay.py``);
 2. admission (``proxy/admission.py``): 503 while draining, 429 past ``max_inflight``; the request counts
    as in progress until its handler returns (a stream, until its last byte).
 
-Admin endpoints keep the admin key (``proxy/admin.py``), ``/v1/warmup`` included (it passes here
-untouched: warm-ups are placed without a tenant, so tenants' requests do not match warmed documents);
-``/health``, ``/ready``, ``/status`` and
-``/metrics`` pass untouched.
+Paths are compared on whole segments (``proxy.request_guard.has_prefix``), after the request guard
+refused dot segments, so no prefix can be escaped. ``/v1/warmup`` takes the admin key or a client key
+(``proxy/warm_api.py`` decides what each may do): here a client key it carries is attached, and nothing
+is refused. Admin endpoints keep the admin key (``proxy/admin.py``); ``/status`` and ``/metrics`` their
+own check (``proxy/operations.py``); ``/health`` and ``/ready`` are open.
 """
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.access_log import access_of
 from proxy.context import GATEWAY, Gateway
 from proxy.errors import RateLimited, Unauthorized
 from proxy.handlers import Handler
+from proxy.request_guard import has_prefix
 from proxy.tenancy import CLIENT_KEY
 
-ADMIN_PATHS = ("/v1/warmup",)  # under /v1/ but behind the admin key (proxy/warm_api.py)
+WARMUP = "/v1/warmup"  # under /v1 but with its own authorization (proxy/warm_api.py)
 
 
 def is_client_api(path: str) -> bool:
-    if path.startswith(ADMIN_PATHS):
+    if has_prefix(path, WARMUP):
         return False
-    return path.startswith("/v1/") or path == "/generate"
+    return has_prefix(path, "/v1") or path == "/generate"
 
 
 def is_generation(request: web.Request) -> bool:
     return is_client_api(request.path) and request.method != "GET"
 
 
-def authenticated(request: web.Request, gw: Gateway) -> web.Request:
-    """The request as its handler sees it: its key under ``CLIENT_KEY`` and without the Authorization
-    header (the key is kvroute's, not the replicas'); 401 for a wrong or missing key."""
-    if gw.keys is None or not is_client_api(request.path):
-        return request
+def authenticate(request: web.Request, gw: Gateway) -> None:
+    """Attaches the request's client key (``CLIENT_KEY``); 401 for a wrong or missing key on the client
+    API. A warm-up request's key is attached when it is a client key, never refused here."""
+    if gw.keys is None:
+        return
+    client_api = is_client_api(request.path)
+    if not client_api and not has_prefix(request.path, WARMUP):
+        return
     key = gw.keys.authenticate(request.headers.get("Authorization"))
-    if key is None:
+    if key is not None:
+        request[CLIENT_KEY] = key
+    elif client_api:
         gw.admission.reject("unauthorized")
         raise Unauthorized("Incorrect or missing API key: send Authorization: Bearer <key>")
-    access_of(request)  # shared with the clone: the access log sees what the handler records
-    headers = request.headers.copy()
-    del headers["Authorization"]
-    clone = request.clone(headers=headers)
-    clone[CLIENT_KEY] = key
-    return clone
 
 
 @web.middleware
 async def gatekeeper(request: web.Request, handler: Handler) -> web.StreamResponse:
     gw = request.app[GATEWAY]
-    request = authenticated(request, gw)
+    authenticate(request, gw)
     if not is_generation(request):
         return await handler(request)
     gw.admission.enter()

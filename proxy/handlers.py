@@ -4,8 +4,7 @@ limits (``proxy/tenancy.py``) → [the prompt as token ids, with ``--tokenizer-p
 cache, when on: a hit answers here] → route (the Router decides and records: a Ticket) → forward (relay,
 retry, finish the ticket, release, abort).
 
-Also here: pass-through of any other ``/v1/*`` path (routed by the same policy, the body's ``model``
-honoured when present); an OpenAI-shaped 405 for a method a route does not take; and the middleware
+Also here: an OpenAI-shaped 405 for a method a route does not take; and the middleware
 that turns ``GatewayError`` (and aiohttp's own HTTP errors) into OpenAI-shaped JSON, counts every
 answer, and writes the opt-in access log. The operational endpoints are in ``proxy/operations.py``.
 """
@@ -22,7 +21,7 @@ from proxy.context import GATEWAY
 from proxy.errors import GatewayError, MethodNotAllowed, PayloadTooLarge
 from proxy.forward import forward
 from proxy.input_limits import check_limits
-from proxy.openai import parse_request, passthrough_request
+from proxy.openai import parse_request
 from proxy.response_cache import RESPONSE_CACHE
 from proxy.tenancy import admit
 from proxy.types import Route
@@ -67,21 +66,6 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
                 charge.settle(access_of(request))
 
     return handle
-
-
-async def passthrough(request: web.Request) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
-    if request.transport is not None:
-        tcp_nodelay(request.transport, True)
-    raw = await read_body(request, gw.settings.max_body_bytes)
-    st = gw.settings
-    parsed = passthrough_request(raw, request.headers.get(st.session_header), st.session_field)
-    parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
-    try:
-        return await forward(request, gw, raw, parsed, gw.route(parsed))
-    finally:
-        if charge is not None:
-            charge.settle(access_of(request))
 
 
 def _route_label(request: web.Request) -> str:

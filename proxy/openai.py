@@ -19,6 +19,7 @@ prefill-only request).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -188,12 +189,14 @@ def parse_request(
 
 
 def passthrough_request(
-    raw: bytes, session: str | None = None, session_field: str | None = None
+    raw: bytes, path: str, session: str | None = None, session_field: str | None = None
 ) -> ParsedRequest:
-    """Any other /v1/* request: routed by size, and by its ``model`` when the body names one."""
+    """A pass-through request to ``path``: routed by size, and by its ``model`` when the body names one;
+    ``body`` is empty when the bytes are not a JSON object."""
     try:
-        return parse_request(Route.PASSTHROUGH, raw, session, session_field)
+        parsed = parse_request(Route.PASSTHROUGH, raw, session, session_field)
     except InvalidRequest:
-        return ParsedRequest(
+        parsed = ParsedRequest(
             Route.PASSTHROUGH, None, False, None, PromptRequest("", None, size_bytes=len(raw))
         )
+    return dataclasses.replace(parsed, path=path)

@@ -3,14 +3,15 @@
 GET  /v1/models             the union of the healthy replicas' models (deduplicated by id)
 GET  /v1/models/{model}     one of them, or the served model an alias or the single-model fallback
                             means (``proxy/model_names.py``), under the name asked for
-POST /flush_cache           fanned out to every healthy replica (as sglang-router does); admin only
-                            (it wipes every replica's cache), 200 only if every replica flushed
 GET  /health                liveness: 200 while the process serves
 GET  /ready                 readiness: 200 once at least one replica is healthy, else 503 (and 503
                             ``draining`` from the first SIGTERM on, ``proxy/drain.py``)
 GET  /status                the gateway's state: JSON (``proxy/status_doc.py``) for programs, the live
                             status page for browsers (``proxy/status_page.py``)
 GET  /metrics               Prometheus text (``proxy/metrics.py``)
+
+``/status`` (its JSON) and ``/metrics`` need the admin key or ``--status-key`` when either is set,
+unless ``--public-status`` (``proxy.admin.authorize_reader``); the page itself holds no data.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.admin import authorize
+from proxy.admin import authorize_reader
 from proxy.context import GATEWAY, Gateway
 from proxy.errors import ModelNotFound, UpstreamError
 from proxy.metrics import CONTENT_TYPE
@@ -31,7 +32,6 @@ from proxy.status_doc import status_document
 from proxy.status_page import page_response, wants_html
 
 MODELS_TIMEOUT_S = 5.0
-FLUSH_TIMEOUT_S = 30.0
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -73,26 +73,6 @@ async def get_model(request: web.Request) -> web.Response:
     return _json(model if model["id"] == name else {**model, "id": name, "root": model["id"]})
 
 
-async def flush_cache(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    authorize(request, gw)
-    query = request.path_qs[len(request.path) :]
-    targets = [s.id for s in gw.fleet.snapshot(None) if s.healthy]
-
-    async def one(replica: str) -> tuple[str, int]:
-        try:
-            status, _ = await gw.up.call(replica, "POST", "/flush_cache" + query, FLUSH_TIMEOUT_S)
-        except UpstreamError:
-            status = 502
-        if 200 <= status < 300:
-            gw.router.restart(replica)  # the radix tree and the host pool are reset, L3 storage is not
-        return replica, status
-
-    results = dict(await asyncio.gather(*(one(r) for r in targets)))
-    ok = bool(results) and all(200 <= s < 300 for s in results.values())
-    return _json({"flushed": ok, "replicas": results}, status=200 if ok else 502)
-
-
 async def health(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
@@ -117,12 +97,15 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
+    """The page (no data in it: it asks for the key when the document needs one) or the document."""
     if wants_html(request):
         return page_response()
+    authorize_reader(request, request.app[GATEWAY])
     return _json(status_document(request.app[GATEWAY]))
 
 
 async def metrics(request: web.Request) -> web.Response:
+    authorize_reader(request, request.app[GATEWAY])
     body = request.app[GATEWAY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
@@ -131,7 +114,6 @@ def add_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/v1/models", list_models)
     r.add_get("/v1/models/{model}", get_model)
-    r.add_post("/flush_cache", flush_cache)
     r.add_get("/health", health)
     r.add_get("/ready", ready)
     r.add_get("/status", status)

@@ -1,11 +1,12 @@
 """Byte-faithful relaying of one upstream response, and reading ``usage`` on the way.
 
 Headers: hop-by-hop ones (and those a ``Connection`` header names) are never relayed either way, nor a
-client's ``Host``, ``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP`` or ``x-kvroute-*``, nor a replica's
-``x-kvroute-*`` (kvroute adds its own). Non-streamed answers are read whole and sent with the
-replica's status, content type and body bytes. Streamed answers (``text/event-stream``) are written
-chunk by chunk as they arrive: no buffering, no re-encoding, one ``write`` per received chunk
-(TCP_NODELAY is on, so each goes out at once).
+client's ``Authorization`` (its key is kvroute's; ``proxy/upstream.py`` adds the gateway's own
+credential for the replica), ``Host``, ``Forwarded``, ``X-Forwarded-*``, ``X-Real-IP`` or
+``x-kvroute-*``, nor a replica's ``x-kvroute-*`` (kvroute adds its own). Non-streamed answers are
+read whole and sent with the replica's status, content type and body bytes. Streamed answers
+(``text/event-stream``) are written chunk by chunk as they arrive: no buffering, no re-encoding, one
+``write`` per received chunk (TCP_NODELAY is on, so each goes out at once).
 
 ``SSESniffer`` watches the stream without changing it: it splits events on blank lines, keeps the
 first event's ``id`` (SGLang's rid, needed to abort) and the last event that carries token counts
@@ -16,6 +17,7 @@ that a stream begins with (SGLang's way to fail a request it had accepted: the g
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
@@ -43,7 +45,7 @@ HOP_BY_HOP = frozenset(
         "proxy-connection",
     }
 )
-_DROP_REQUEST = HOP_BY_HOP | {"forwarded", "x-real-ip"}
+_DROP_REQUEST = HOP_BY_HOP | {"forwarded", "x-real-ip", "authorization"}
 _DROP_RESPONSE = HOP_BY_HOP | {"date", "server"}
 _OWN_PREFIXES = ("x-kvroute-", "x-forwarded-")  # kvroute's own headers; the upstream address's
 
@@ -160,17 +162,30 @@ def body_usage(body: bytes) -> Usage:
     return usage_of(_loads(body)) if b'"prompt_tokens"' in body else Usage()
 
 
+class ClientStalled(Exception):
+    """The client stopped reading: a write waited longer than the write timeout."""
+
+
 async def relay_stream(
-    out: web.StreamResponse, chunks: AsyncIterator[bytes], sniffer: SSESniffer, on_first: Callable[[], None]
+    out: web.StreamResponse,
+    chunks: AsyncIterator[bytes],
+    sniffer: SSESniffer,
+    on_first: Callable[[], None],
+    write_timeout_s: float,
 ) -> None:
-    """Writes every upstream chunk to the prepared client response as it arrives."""
+    """Writes every upstream chunk to the prepared client response as it arrives; raises
+    ``ClientStalled`` when one write waits more than ``write_timeout_s`` (the client's socket is full)."""
     first = True
     async for chunk in chunks:
         if first:
             on_first()
             first = False
         sniffer.feed(chunk)
-        await out.write(chunk)
+        try:
+            async with asyncio.timeout(write_timeout_s):
+                await out.write(chunk)
+        except TimeoutError:
+            raise ClientStalled(f"the client read nothing for {write_timeout_s:g} s") from None
 
 
 async def end_body(out: web.StreamResponse) -> None:

@@ -27,6 +27,9 @@ from proxy import (
     gatekeeper,
     handlers,
     operations,
+    passthrough,
+    replica_control,
+    request_guard,
     response_cache,
     route_preview,
     state_sync,
@@ -39,6 +42,7 @@ from proxy.kv_subscriber import kv_events_ctx
 from proxy.malloc import tune_malloc
 from proxy.metrics import GatewayMetrics
 from proxy.observe import observe_ctx, observe_tokenizer
+from proxy.replica_auth import ReplicaAuth
 from proxy.request_body import body_middleware
 from proxy.serving import StartupError, serve, tls_context
 from proxy.settings import Settings, SettingsError, load_settings
@@ -59,6 +63,7 @@ def build_gateway(settings: Settings) -> Gateway:
         on_restart=router.restart,
         breaker=settings.breaker_policy(),
         pricing=lambda replica: 1.0 / router.rates.get(replica).prefill_tokens_per_s,
+        auth=ReplicaAuth(settings.replica_api_key),
     )
     metrics = GatewayMetrics(
         lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],
@@ -84,7 +89,7 @@ async def _session_ctx(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     session = Upstream.new_session()
     st = gw.settings
-    gw.upstream = Upstream(session, st.connect_timeout, gw.liveness, _late(gw))
+    gw.upstream = Upstream(session, st.connect_timeout, gw.liveness, _late(gw), gw.fleet.auth.authorization)
     try:
         yield
     finally:
@@ -116,7 +121,8 @@ async def _discovery_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def build_app(settings: Settings) -> web.Application:
-    middlewares = [handlers.errors_middleware, gatekeeper.gatekeeper, body_middleware]
+    guard = request_guard.request_guard
+    middlewares = [handlers.errors_middleware, guard, gatekeeper.gatekeeper, body_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = build_gateway(settings)
     response_cache.install(app)
@@ -134,8 +140,9 @@ def build_app(settings: Settings) -> web.Application:
     state_sync.add_to(app)
     operations.add_routes(app)
     warm_api.add_routes(app)
-    r.add_route("*", "/v1/{tail:.*}", handlers.passthrough)
+    r.add_route("*", "/v1/{tail:.*}", passthrough.passthrough)
     admin.add_routes(app)
+    replica_control.add_routes(app)
     route_preview.add_routes(app)
     return app
 

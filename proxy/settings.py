@@ -42,6 +42,9 @@ class Settings:
     config: str | None = None
     policy: PolicyName = "cost"
     admin_key: str | None = None
+    status_key: str | None = None  # a read-only key for /status and /metrics (beside the admin key)
+    public_status: bool = False  # /status and /metrics open to anyone even when a key is set
+    replica_api_key: str | None = None  # sent to every replica as Authorization: Bearer (SGLang --api-key)
     max_body_bytes: int = 32 * MiB
     body_timeout: float = 60.0  # seconds for a request body to arrive once its headers did (408 beyond)
     client_idle_timeout: float = 75.0  # seconds an idle client connection (or unfinished headers) stays open
@@ -90,6 +93,9 @@ class Settings:
     max_messages: int = 4096  # chat messages per request (proxy/input_limits.py)
     max_field_bytes: int = 8 * MiB  # any one string in a request body
     max_json_depth: int = 64  # nesting of objects and arrays in a request body
+    max_header_bytes: int = 64 * 1024  # a request's header names and values together (431 beyond)
+    client_write_timeout: float = 30.0  # seconds a stream may wait on a client that stopped reading
+    warmup_max_tokens_per_tenant: int = 4_000_000  # live warmed tokens one tenant may hold (proxy/warm_api)
     tls_cert: str | None = None  # PEM certificate (chain): serve HTTPS (with tls_key)
     tls_key: str | None = None  # its PEM private key
     tokenizer_path: str | None = None  # the model's tokenizer directory: token-id keys (proxy/tokenizer.py)
@@ -103,6 +109,11 @@ class Settings:
             object.__setattr__(
                 self, "routing", dataclasses.replace(self.routing, policy=self.policy, seed=self.seed)
             )
+
+    @property
+    def status_protected(self) -> bool:
+        """Do /status and /metrics need a key (the admin key or the status key)?"""
+        return (self.admin_key is not None or self.status_key is not None) and not self.public_status
 
     @property
     def request_id_headers(self) -> bool:
@@ -123,7 +134,9 @@ class Settings:
 
     def redacted(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "routing"}
-        out["admin_key"] = "***" if self.admin_key else None
+        for secret in ("admin_key", "status_key", "replica_api_key"):
+            out[secret] = "***" if getattr(self, secret) else None
+        out["backends"] = [redacted_url(b) for b in self.backends]
         inline = self.api_keys is not None and self.api_keys.lstrip()[:1] in ("[", "{")
         out["api_keys"] = "***" if inline else self.api_keys
         out["state"] = redacted_url(self.state) if self.state else None

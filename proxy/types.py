@@ -20,6 +20,10 @@ class Route(StrEnum):
     PASSTHROUGH = "passthrough"
 
 
+ROUTE_PATHS = {Route.CHAT: "/v1/chat/completions", Route.COMPLETIONS: "/v1/completions"}
+ROUTE_PATHS[Route.GENERATE] = "/generate"
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     """A validated request: what relaying needs, and the typed request routing gets (never the body)."""
@@ -30,6 +34,12 @@ class ParsedRequest:
     rid: str | None  # a client-supplied SGLang rid, when a string
     routing: PromptRequest
     body: JSONObject = field(default_factory=dict, compare=False, repr=False)  # the parsed body, read-only
+    path: str = ""  # the replica path it is sent to; "" for the route's own (``ROUTE_PATHS``)
+
+    @property
+    def upstream_path(self) -> str:
+        """The path the replica gets: fixed by the route, never the client's spelling of it."""
+        return self.path or ROUTE_PATHS[self.route]
 
 
 @dataclass(frozen=True, slots=True)

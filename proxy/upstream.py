@@ -35,6 +35,8 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp.tcp_helpers import tcp_nodelay
+from multidict import CIMultiDict
+from yarl import URL
 
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from proxy.liveness import FirstByteWait, Liveness, PatientTimeout
@@ -50,8 +52,10 @@ class Upstream:
         connect_timeout: float,
         liveness: Liveness | None = None,
         on_extend: Callable[[str], None] | None = None,
+        authorization: Callable[[str], str | None] | None = None,
     ) -> None:
         self.session = session
+        self._authorization = authorization  # the gateway's credential per replica (proxy/replica_auth.py)
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=None
         )
@@ -66,6 +70,15 @@ class Upstream:
         return PatientTimeout(
             wait.deadline, wait.cap, lambda: None if wait.stuck() else live.working_until(replica), extended
         )
+
+    def _headers(self, base_url: str, headers: Mapping[str, str]) -> Mapping[str, str]:
+        """``headers`` with the gateway's own ``Authorization`` for the replica, when it has one."""
+        auth = self._authorization(base_url) if self._authorization is not None else None
+        if auth is None:
+            return headers
+        out = CIMultiDict(headers)
+        out["Authorization"] = auth
+        return out
 
     @staticmethod
     def new_session(max_connections: int = 0) -> aiohttp.ClientSession:
@@ -91,8 +104,8 @@ class Upstream:
             async with self._first_byte(base_url, wait):
                 resp = await self.session.request(
                     method,
-                    base_url + path_qs,
-                    headers=headers,
+                    URL(base_url + path_qs, encoded=True),  # never re-normalized (proxy/request_guard.py)
+                    headers=self._headers(base_url, headers),
                     data=body,
                     timeout=self._timeout,
                     allow_redirects=False,
@@ -172,7 +185,7 @@ class Upstream:
         """A small control-plane call (health, info, abort, a warm-up step): (status, body); ``json`` or
         ``data`` (JSON bytes) is the body; raises UpstreamError."""
         data = orjson.dumps(json) if json is not None else data
-        hdrs = dict(headers or {})
+        hdrs = dict(self._headers(base_url, headers or {}))
         if data is not None:
             hdrs["Content-Type"] = "application/json"
         try:

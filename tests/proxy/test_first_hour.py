@@ -114,11 +114,18 @@ async def test_methods_a_route_does_not_take_get_an_openai_shaped_405(stack_fact
 
 
 async def test_a_passed_through_error_in_another_shape_is_reshaped(stack_factory: StackFactory) -> None:
+    """The emulator serves no /v1/embeddings (a generation model): its text 404 reaches the client as
+    OpenAI's JSON; a path off the pass-through's allowlist never reaches a replica at all."""
     stack = await stack_factory(n=1)
-    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/no-such-endpoint", data=b"{}") as r:
+    body = b'{"input": "hi"}'
+    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/embeddings", data=body) as r:
         doc = await r.json()
         assert r.status == 404 and r.headers["x-kvroute-replica"] == stack.urls[0]  # relayed, re-shaped
         assert doc["error"]["code"] == 404 and "Not Found" in doc["error"]["message"]
+    async with aiohttp.ClientSession() as s, s.post(stack.url + "/v1/no-such-endpoint", data=b"{}") as r:
+        doc = await r.json()
+        assert r.status == 404 and "x-kvroute-replica" not in r.headers
+        assert doc["error"]["type"] == "invalid_request_error" and "/v1/embeddings" in doc["error"]["message"]
 
 
 async def test_malformed_http_gets_json_and_one_line_without_the_clients_bytes(

@@ -64,7 +64,8 @@ class GatewayPool:
 
     def __init__(self, n: int, backends: Sequence[str], logs: Path, state: StateStore | None = None) -> None:
         flags = ("--state", state.url, "--state-namespace", state.namespace) if state else ()
-        self._system = kvroute("cost", *flags, "--admin-key", ADMIN_KEY)
+        # /status stays open: the bench's own readiness checks read it, on loopback
+        self._system = kvroute("cost", *flags, "--admin-key", ADMIN_KEY, "--public-status", "true")
         self._backends = list(backends)
         self._logs = logs
         self.ports = free_ports(n)

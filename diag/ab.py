@@ -95,7 +95,7 @@ async def runs(client: SGLangClient, prompt: Prompt, n: int, flush_timeout: floa
 
 
 async def ab_one(url: str, args: argparse.Namespace, seed: int, progress: Progress) -> AbResult:
-    async with SGLangClient(url, args.timeout, args.api_key) as client:
+    async with SGLangClient(url, args.timeout, args.api_key, args.status_key) as client:
         target = await discover(client)
         progress.note(target.describe())
         limits = [p.max_input_tokens for p in target.pools if p.max_input_tokens is not None]

@@ -110,15 +110,29 @@ def generation(ttft: float, total: float, meta: dict[str, Any], replica: str | N
     )
 
 
+STATUS_PATHS = ("/status", "/metrics")
+
+
 class SGLangClient:
     """One ClientSession against one base URL (other bases, e.g. a gateway's replicas, per call)."""
 
-    def __init__(self, url: str, timeout_s: float = 900.0, api_key: str | None = None) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 900.0, api_key: str | None = None, status_key: str | None = None
+    ) -> None:
         self.url = check_url(url)
         self.timeout_s = timeout_s
         self._session: aiohttp.ClientSession | None = None
         # the key goes to this URL only, never to the replicas a gateway lists
         self._headers = JSON_HEADERS | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+        # a kvroute gateway's /status and /metrics may need its status (or admin) key instead
+        self._status = (
+            JSON_HEADERS | {"Authorization": f"Bearer {status_key}"} if status_key else self._headers
+        )
+
+    def _headers_for(self, path: str, base: str | None) -> dict[str, str]:
+        if base not in (None, self.url):
+            return JSON_HEADERS
+        return self._status if path.split("?")[0] in STATUS_PATHS else self._headers
 
     async def __aenter__(self) -> SGLangClient:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
@@ -143,7 +157,7 @@ class SGLangClient:
         """(status, body) of one request; connection problems and timeouts raise DiagError."""
         url = (base or self.url) + path
         try:
-            headers = self._headers if base in (None, self.url) else JSON_HEADERS
+            headers = self._headers_for(path, base)
             async with self.session.request(method, url, data=body, headers=headers) as resp:
                 return resp.status, await resp.read()
         except aiohttp.ClientConnectorError as e:
@@ -157,7 +171,11 @@ class SGLangClient:
         if status == 404:
             return None
         if status in {401, 403}:
-            advice = "pass --api-key" if "Authorization" not in self._headers else "the API key was refused"
+            sent = "Authorization" in self._headers_for(path, base)
+            flag = "--api-key"
+            if path in STATUS_PATHS:
+                flag = "--api-key (an SGLang server's key) or --status-key (a kvroute gateway's)"
+            advice = f"pass {flag}" if not sent else "the API key was refused"
             raise Unauthorized(f"GET {base or self.url}{path} returned HTTP {status}: {advice}")
         if status != 200:
             raise DiagError(f"GET {base or self.url}{path} returned HTTP {status}: {error_text(body)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -53,6 +54,11 @@ def add_common(p: argparse.ArgumentParser, many_urls: bool = False) -> None:
     add("--max-new-tokens", type=positive_int, default=1, help="output tokens per request (1)")
     add("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per request (900)")
     add("--api-key", default=None, help="sent as 'Authorization: Bearer KEY' to URL (SGLang --api-key)")
+    add(
+        "--status-key",
+        default=os.environ.get("KVROUTE_STATUS_KEY"),
+        help="a kvroute gateway's status (or admin) key, for its /status (default: $KVROUTE_STATUS_KEY)",
+    )
     add("--json", action="store_true", help="print the result as JSON")
     add("--plot", type=Path, default=None, metavar="PNG", help="also write a PNG chart (needs matplotlib)")
     add("--quiet", action="store_true", help="no progress lines on stderr")

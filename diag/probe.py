@@ -72,6 +72,7 @@ class ProbeOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     again: int = 3  # step-4 sends; the fastest is reported
     api_key: str | None = None
+    status_key: str | None = None  # a protected kvroute gateway's /status
 
 
 class Probe:
@@ -133,7 +134,7 @@ class Probe:
 
 async def probe(url: str, opts: ProbeOptions, progress: Progress) -> ProbeResult:
     """Runs the whole probe against ``url``; raises DiagError with a one-line reason."""
-    async with SGLangClient(url, opts.timeout_s, opts.api_key) as client:
+    async with SGLangClient(url, opts.timeout_s, opts.api_key, opts.status_key) as client:
         target = await discover(client)
         progress.note(target.describe())
         maker = await PromptMaker.create(client, opts.seed, opts.max_new_tokens)
@@ -154,7 +155,13 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     progress = Progress("kvroute probe", enabled=not args.quiet)
     opts = ProbeOptions(
-        args.context_tokens, seed_of(args), args.max_new_tokens, args.timeout, args.again, args.api_key
+        args.context_tokens,
+        seed_of(args),
+        args.max_new_tokens,
+        args.timeout,
+        args.again,
+        args.api_key,
+        args.status_key,
     )
 
     def body() -> None:

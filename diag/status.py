@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -31,6 +32,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--gateway", type=url, required=True, help="the gateway, e.g. http://127.0.0.1:8000")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=positive_float, default=2.0, help="seconds between refreshes (2)")
+    p.add_argument(
+        "--key",
+        default=os.environ.get("KVROUTE_STATUS_KEY"),
+        help="the gateway's status or admin key, for a protected /status (default: $KVROUTE_STATUS_KEY)",
+    )
     return p.parse_args(argv)
 
 
@@ -49,7 +55,7 @@ def _draw(out: TextIO, text: str, tty: bool) -> None:
 
 async def watch(args: argparse.Namespace, out: TextIO) -> int:
     tty = bool(getattr(out, "isatty", lambda: False)())
-    async with SGLangClient(args.gateway, timeout_s=TIMEOUT_S) as client:
+    async with SGLangClient(args.gateway, timeout_s=TIMEOUT_S, status_key=args.key) as client:
         last = text = render(await snapshot(client), client.url)
         if args.once:
             out.write(text + "\n")

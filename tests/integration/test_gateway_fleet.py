@@ -8,11 +8,13 @@ import json
 import os
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import openai
+import pytest
 
 from bench.fleet import EmulatorFleet
 from bench.procs import free_ports
@@ -74,7 +76,11 @@ def test_kvroute_serve_subprocess(tmp_path: Path) -> None:
         try:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == f"kvroute ready http://127.0.0.1:{port}"
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+            url = f"http://127.0.0.1:{port}/status"
+            with pytest.raises(urllib.error.HTTPError, match="401"):  # behind the admin key
+                urllib.request.urlopen(url, timeout=5)
+            auth = {"Authorization": "Bearer secret-key"}
+            with urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=5) as r:
                 status = json.loads(r.read())
             assert status["policy"] == "round_robin" and status["healthy_replicas"] == 1
             assert status["config"]["admin_key"] == "***"

@@ -38,6 +38,7 @@ from tests.conftest import Emu, Emulators, StartGateway, wait_for
 
 MODEL = "emu-model"
 ADMIN_KEY = "admin-key"
+AUTH = {"Authorization": f"Bearer {ADMIN_KEY}"}  # /status and /metrics of a gateway with an admin key
 BASE = ("--served-model-name", MODEL, "--enable-cache-report", "--emu-debug", "--emu-time-scale", "0.01")
 SMALL_GPU = ("--page-size", "16", "--max-total-tokens", "16384")
 WRITE_BACK = (*BASE, *SMALL_GPU, "--enable-hierarchical-cache", "--hicache-write-policy", "write_back")
@@ -124,7 +125,7 @@ async def served(emus: Sequence[Emu]) -> Counter[str]:
 
 async def scrape(http: aiohttp.ClientSession, gw_url: str) -> dict[str, dict[tuple[str, ...], float]]:
     """``GET /metrics`` of the gateway: sample name → {label values (sorted by label name): value}."""
-    async with http.get(gw_url + "/metrics") as resp:
+    async with http.get(gw_url + "/metrics", headers=AUTH) as resp:
         assert resp.status == 200
         text = await resp.text()
     out: dict[str, dict[tuple[str, ...], float]] = {}
@@ -201,7 +202,7 @@ async def test_a_popular_documents_holder_busy_decoding_keeps_its_hits(
         holder = (await ask(client, doc, "What is this document about?")).replica
         streams = [await _decoding(client, doc, f"Explain part {i} at length.") for i in range(8)]
         try:
-            async with emulator_server.http.get(gw.url + "/status") as resp:
+            async with emulator_server.http.get(gw.url + "/status", headers=AUTH) as resp:
                 loads = {r["id"]: r for r in (await resp.json())["replicas"]}
             assert loads[holder]["inflight_requests"] == 8  # all decoding on the holder, none queued
             assert loads[holder]["inflight_prefill_tokens"] == 0
@@ -230,7 +231,7 @@ async def test_a_hit_leaves_a_holder_whose_decoding_requests_fill_its_kv_pool(
         holder = (await ask(client, doc, "What is this document about?")).replica
         streams = [await _decoding(client, doc, f"Explain part {i} at length.", 3500) for i in range(4)]
         try:
-            async with emulator_server.http.get(gw.url + "/status") as resp:
+            async with emulator_server.http.get(gw.url + "/status", headers=AUTH) as resp:
                 loads = {r["id"]: r for r in (await resp.json())["replicas"]}
             assert loads[holder]["inflight_requests"] == 4
             assert 4 * 3500 <= loads[holder]["inflight_kv_tokens"] < 4 * 3600  # budgets + questions
@@ -319,7 +320,7 @@ async def resend_with_x_busy(http: aiohttp.ClientSession, ev: Evicted) -> tuple[
     async with _client(ev.gw_url) as client, hung_request(client, ev.x):
         for other in ev.others:
             await admin_add(http, ev.gw_url, other.url)
-        async with http.get(ev.gw_url + "/status") as resp:
+        async with http.get(ev.gw_url + "/status", headers=AUTH) as resp:
             inflight = {r["id"]: r["inflight_requests"] for r in (await resp.json())["replicas"]}
         assert inflight == {ev.x.url: 1, **{o.url: 0 for o in ev.others}}
         before = await reasons(http, ev.gw_url)
@@ -354,7 +355,7 @@ async def test_hicache_off_document_evicted_from_gpu_is_not_chased(
     assert why == Counter({"least_cost": 1})  # the model predicted no hit anywhere
     assert answer.cached_tokens < TEMPLATE_SLACK
     assert await served(ev.others) == Counter({answer.replica: 1})
-    async with emulator_server.http.get(ev.gw_url + "/status") as resp:
+    async with emulator_server.http.get(ev.gw_url + "/status", headers=AUTH) as resp:
         model = (await resp.json())["cache_model"]
     # the model tracked x's GPU evictions: its predictions matched what x reported
     assert model[ev.x.url]["requests"] == 1 + FILLERS
@@ -393,7 +394,7 @@ async def test_metrics_and_status_show_decisions_accuracy_and_tier_warnings(
         assert 0.0 <= error[(e.url,)] < 0.05
         state = await e.state()  # the replica's own counters agree with what the gateway relayed
         assert actual_mean[(e.url,)] == state["cached_tokens_total"] / served_by[e.url]
-    async with http.get(gw.url + "/status") as resp:
+    async with http.get(gw.url + "/status", headers=AUTH) as resp:
         status = await resp.json()
     warnings = {r["id"]: r["warnings"] for r in status["replicas"]}
     assert [w.split(":")[0] for w in warnings[off.url]] == ["HiCache is off"]
@@ -420,7 +421,7 @@ async def test_hybrid_replica_reuse_of_a_shared_document_is_predicted(
     # end of the first 2048-token prefill chunk (--chunked-prefill-size)
     if [a.cached_tokens for a in answers[1:]] != [2048] * 3:
         pytest.fail(f"unexpected replica behaviour: {answers}")
-    async with emulator_server.http.get(gw.url + "/status") as resp:
+    async with emulator_server.http.get(gw.url + "/status", headers=AUTH) as resp:
         model = (await resp.json())["cache_model"][hybrid.url]
     assert model["error_ratio"] < 0.05  # the model cuts the match to the chunk grid (was 0.256 without)
     assert model["gpu_factor"] == 1.0  # nothing was evicted: the shortfall is not blamed on the pool
@@ -446,7 +447,7 @@ async def test_a_repeat_routed_while_its_first_copy_prefills_is_predicted_to_mis
     head = answers[0].cached_tokens  # the chat template's first tokens, cached by the first request
     if head > 16 or repeat.cached_tokens != head + 3 * 2048:  # chunks of 2048 (--chunked-prefill-size)
         pytest.fail(f"unexpected replica behaviour: {answers}")
-    async with emulator_server.http.get(gw.url + "/status") as resp:
+    async with emulator_server.http.get(gw.url + "/status", headers=AUTH) as resp:
         model = (await resp.json())["cache_model"][emu.url]
     assert model["requests"] == 3
     assert model["abs_error_tokens"] < 200, model  # all within a few blocks of the reports

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 
 import aiohttp
 
-from tests.proxy.conftest import MODEL, Stack, StackFactory, wait_for
+from tests.proxy.conftest import ADMIN, MODEL, Stack, StackFactory, wait_for
 
 STREAM = {"model": MODEL, "prompt": "hello there", "max_tokens": 4, "stream": True}
 
@@ -58,7 +58,7 @@ async def test_a_full_replica_is_avoided_and_all_full_is_429(stack_factory: Stac
             assert status == 429 and int(headers["Retry-After"]) >= 1
             assert doc["error"] == doc["error"] | {"type": "rate_limit_error", "code": "overloaded"}  # type: ignore[operator]
     assert 'kvroute_rejections_total{reason="replicas_full"} 1' in stack.metrics()
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
         assert (await r.json())["admission"]["rejected"] == {"replicas_full": 1}
 
 

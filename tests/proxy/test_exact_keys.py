@@ -71,7 +71,7 @@ async def test_without_a_tokenizer_status_says_off(stack_factory: StackFactory) 
 async def _status(url: str) -> Any:
     async with (
         aiohttp.ClientSession() as s,
-        s.get(url + "/status", headers={"Accept": "application/json"}) as r,
+        s.get(url + "/status", headers={"Accept": "application/json"} | ADMIN) as r,
     ):
         assert r.status == 200
         return await r.json()

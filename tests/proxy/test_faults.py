@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from proxy.breaker import BreakerState
-from tests.proxy.conftest import EMU_FLAGS, MODEL, Stack, StackFactory, wait_for
+from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, Stack, StackFactory, wait_for
 
 FAST = {  # deadlines for a fleet whose modelled time runs 100x faster
     "first_byte_timeout": 0.3,
@@ -60,7 +60,7 @@ async def test_a_hung_replica_is_aborted_retried_elsewhere_and_ejected(stack_fac
     assert set(hung.replica.aborts.to_json()["rids"]) <= set(rids)  # type: ignore[arg-type]
     assert breaker(stack, hung.url) is BreakerState.OPEN
     assert f'kvroute_replica_breaker_state{{replica="{hung.url}"}} 2' in stack.metrics()
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
         doc = await r.json()
     assert {r["id"]: r["breaker"]["state"] for r in doc["replicas"]}[hung.url] == "open"
 

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from proxy.replica_info import STORAGE_UNBOUNDED, parse_replica_info
-from tests.proxy.conftest import EMU_FLAGS, MODEL, SYSTEM, Stack, StackFactory, wait_for
+from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, SYSTEM, Stack, StackFactory, wait_for
 
 JSON = {"Content-Type": "application/json"}
 STREAM = orjson.dumps({"model": MODEL, "prompt": "x", "stream": True, "max_tokens": 4})
@@ -104,7 +104,7 @@ async def test_a_health_flap_without_a_restart_keeps_what_the_replica_holds(stac
 
 
 async def test_status_reports_replicas_load_and_config(stack: Stack) -> None:
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
         doc = await r.json()
     assert doc["policy"] == "round_robin" and doc["healthy_replicas"] == 2 and doc["models"] == [MODEL]
     assert {rep["id"] for rep in doc["replicas"]} == set(stack.urls)
@@ -124,7 +124,7 @@ async def test_metrics_endpoint(stack: Stack) -> None:
             assert r.status == 200
         async with s.post(stack.url + "/v1/completions", data=STREAM, headers=JSON) as r:
             assert r.status == 200 and (await r.read()).endswith(b"[DONE]\n\n")
-        async with s.get(stack.url + "/metrics") as r:
+        async with s.get(stack.url + "/metrics", headers=ADMIN) as r:
             text = await r.text()
     assert 'kvroute_requests_total{route="/v1/chat/completions",status="200"} 1.0' in text
     assert 'kvroute_decisions_total{policy="round_robin",reason="round_robin"} 2.0' in text

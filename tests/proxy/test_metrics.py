@@ -40,13 +40,13 @@ async def chat(url: str, content: str, stream: bool, model: str = MODEL) -> tupl
 
 
 async def scrape(stack: Stack) -> str:
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/metrics") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/metrics", headers=ADMIN) as r:
         assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         return await r.text()
 
 
 async def status(stack: Stack) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
         doc: dict[str, Any] = await r.json()
         return doc
 

@@ -90,3 +90,33 @@ async def test_status_page_in_chromium(emulator_server: Emulators, gateway: Star
             assert shot.stat().st_size > 10_000 and errors == []
         finally:
             await browser.close()
+
+
+@pytest.mark.timeout(900)
+async def test_a_protected_status_page_asks_for_its_key(
+    emulator_server: Emulators, gateway: StartGateway
+) -> None:
+    """With an admin key, the page holds no data until the key is given; the key stays in the tab."""
+    executable = chromium_or_skip()
+    from playwright.async_api import async_playwright, expect
+
+    emu = await emulator_server(*EMU_FLAGS)
+    gw = await gateway([emu.url], health_interval=0.1, admin_key="adm", status_key="peek")
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=executable, args=ARGS, chromium_sandbox=False)
+        try:
+            page = await browser.new_page()
+            await page.goto(gw.url + "/status")
+            await expect(page.locator("#keyform")).to_be_visible(timeout=5000)
+            assert "status or admin key" in await page.inner_text("#conn")
+            assert await page.locator("#replicas tbody tr").count() == 0
+            await page.fill("#key", "wrong")
+            await page.click("#keybtn")
+            await expect(page.locator("#keyform")).to_be_visible()
+            await page.fill("#key", "peek")
+            await page.click("#keybtn")
+            await page.wait_for_selector("#conn.live")
+            await expect(page.locator("#keyform")).to_be_hidden()
+            assert "1/1 replicas healthy" in await page.inner_text("header")
+        finally:
+            await browser.close()

@@ -11,14 +11,14 @@ import pytest
 
 from proxy.history import History, Outcome
 from proxy.status_page import CSP
-from tests.proxy.conftest import Stack
+from tests.proxy.conftest import ADMIN, Stack
 from tests.proxy.test_metrics import chat
 
 BROWSER = "text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,*/*;q=0.8"
 
 
 async def get(stack: Stack, path: str, accept: str | None) -> tuple[int, str, bytes, dict[str, str]]:
-    headers = {"Accept": accept} if accept is not None else {}
+    headers = ({"Accept": accept} if accept is not None else {}) | ADMIN  # the stack has an admin key
     async with aiohttp.ClientSession(headers=headers) as s, s.get(stack.url + path) as r:
         return r.status, r.content_type, await r.read(), dict(r.headers)
 

@@ -68,15 +68,21 @@ async def test_a_known_key_is_needed_on_the_client_api_only(
             assert r.status == 200
         async with s.post(stack.url + "/generate", json={"text": "hi"}, headers=_auth("b")) as r:
             assert r.status == 200
-        for path in ("/health", "/status", "/metrics"):
-            async with s.get(stack.url + path) as r:
+        async with s.get(stack.url + "/health") as r:
+            assert r.status == 200
+        for path in ("/status", "/metrics"):  # behind the admin key (the stack has one), not a client key
+            async with s.get(stack.url + path, headers=_auth("a")) as r:
+                assert r.status == 401
+            async with s.get(stack.url + path, headers=ADMIN) as r:
                 assert r.status == 200
         async with s.get(stack.url + "/admin/replicas", headers=_auth("a")) as r:
             assert r.status == 401  # a client key is not the admin key
         async with s.get(stack.url + "/admin/replicas", headers=ADMIN) as r:
             assert r.status == 200
         async with s.get(stack.url + "/v1/warmup", headers=ADMIN) as r:
-            assert r.status == 200  # an admin API under /v1/: the admin key, not a client key
+            assert r.status == 200  # under /v1/ with its own keys: the admin key or a client key
+        async with s.get(stack.url + "/v1/warmup") as r:
+            assert r.status == 401
     assert 'kvroute_rejections_total{reason="unauthorized"} 4' in stack.metrics()
 
 

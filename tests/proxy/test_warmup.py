@@ -281,7 +281,7 @@ async def test_warmed_documents_show_in_status_and_metrics(stack_factory: StackF
     doc = {"id": "handbook", "messages": [{"role": "system", "content": document(5)}]}
     status, job = await warm(stack.url, {"model": MODEL, "documents": [doc], "wait": True})
     assert status == 200
-    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status") as r:
+    async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
         section = (await r.json())["warmup"]
     assert section["jobs"] == 1
     (row,) = section["documents"]

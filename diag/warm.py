@@ -1,7 +1,8 @@
 """``kvroute warm FILE... --gateway URL``: warm documents on a kvroute fleet before their first question.
 
     kvroute warm docs/*.md --gateway http://127.0.0.1:8080 [--model M] [--replicas K|all] [--ttl 3600]
-                 [--layout system|user|text] [--batch 50] [--admin-key K] [--json]
+                 [--layout system|user|text] [--batch 50] [--admin-key K [--tenant T] | --api-key K]
+                 [--json]
 
 Files: ``.txt`` and ``.md`` are one document each (id: the file name), warmed in ``--layout``:
 ``system`` (default: the document is the system message, as many RAG frameworks build it), ``user``
@@ -11,6 +12,10 @@ Files: ``.txt`` and ``.md`` are one document each (id: the file name), warmed in
 ``--batch`` to ``POST /v1/warmup``; progress (documents and tokens warm, elapsed) is drawn on stderr
 while the gateway works, from ``GET /v1/warmup/{id}``; the end is a table per document: tokens,
 replicas, the tier it sits in per the gateway's cache model, status, seconds, warnings.
+
+Tenants (``--api-keys`` on the gateway): a client ``--api-key`` warms the documents into its own
+tenant's namespace, where only that tenant's requests find them; the ``--admin-key`` warms for no
+tenant, or for ``--tenant T``. The table names the tenant of each document.
 """
 
 from __future__ import annotations
@@ -81,7 +86,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ttl", type=positive_float, default=3600.0, help="seconds to keep re-warming (3600)")
     p.add_argument("--layout", choices=("system", "user", "text"), default="system")
     p.add_argument("--batch", type=positive_int, default=50, help="documents per request (50)")
-    p.add_argument("--admin-key", help="the gateway's admin key, when it has one")
+    key = p.add_mutually_exclusive_group()
+    key.add_argument("--admin-key", help="the gateway's admin key, when it has one")
+    key.add_argument("--api-key", help="a client API key: warm into its own tenant's namespace")
+    p.add_argument("--tenant", help="with --admin-key: the tenant whose namespace the documents go to")
     p.add_argument("--json", action="store_true", help="print the jobs as JSON")
     return p
 
@@ -89,11 +97,15 @@ def parser() -> argparse.ArgumentParser:
 async def warm(args: argparse.Namespace) -> list[dict[str, Any]]:
     docs = read_documents(args.files, args.layout)
     replicas: int | str = "all" if args.replicas == "all" else int(args.replicas)
-    async with SGLangClient(args.gateway, api_key=args.admin_key) as client:
+    if args.tenant and not args.admin_key:
+        raise DiagError("--tenant needs --admin-key (a client key warms its own tenant)")
+    async with SGLangClient(args.gateway, api_key=args.admin_key or args.api_key) as client:
         model = args.model or await _only_model(client)
         jobs = []
+        tenant = {"tenant": args.tenant} if args.tenant else {}
         for start in range(0, len(docs), args.batch):
             body = {"model": model, "documents": docs[start : start + args.batch], "replicas": replicas}
+            body |= tenant
             status, raw = await client.request("POST", "/v1/warmup", orjson.dumps({**body, "ttl": args.ttl}))
             if status != 202:
                 raise DiagError(
@@ -133,15 +145,16 @@ async def _follow(client: SGLangClient, job_ids: list[str], total: int) -> list[
 
 def table(jobs: list[dict[str, Any]]) -> str:
     rows = [
-        "| document | tokens | replicas | tier | status | seconds | warnings |",
-        "|---|---|---|---|---|---|---|",
+        "| document | tenant | tokens | replicas | tier | status | seconds | warnings |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for d in (d for j in jobs for d in j["documents"]):
+    for job, d in ((jb, doc) for jb in jobs for doc in jb["documents"]):
         reps = d["replicas"]
         tiers = ", ".join(str(r.get("now", {}).get("tier", "?")) for r in reps) or "-"
         seconds = max((r["seconds"] for r in reps), default=0.0)
         warn = "; ".join(d["warnings"]) or ""
-        cells = [d["id"], f"{d['tokens']:,}", str(len(reps)), tiers, d["status"], f"{seconds:.2f}", warn]
+        cells = [d["id"], job.get("tenant") or "-", f"{d['tokens']:,}", str(len(reps)), tiers, d["status"]]
+        cells += [f"{seconds:.2f}", warn]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

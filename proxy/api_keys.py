@@ -68,7 +68,10 @@ class KeyRing:
         return self._by_hash.get(key_hash(token.strip()))
 
     def tenants(self) -> int:
-        return len({k.tenant for k in self._by_hash.values() if k.tenant})
+        return len(self.tenant_names())
+
+    def tenant_names(self) -> frozenset[str]:
+        return frozenset(k.tenant for k in self._by_hash.values() if k.tenant)
 
 
 def _limit(doc: dict[str, Any], name: str, where: str) -> int:

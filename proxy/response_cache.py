@@ -19,8 +19,9 @@ how or for whom it is sent, not what is generated). The prompt is in that JSON i
 routing rendering (``routing.canonical.render``), which may merge requests that a chat template tells
 apart: close is enough for predicting a KV prefix, an answer cache needs exact. The tenant
 (``tenant_of``) is ``routing.canonical.namespace_salt`` (cache_salt + extra_key, the LoRA adapter, the
-gateway tenant) plus the SHA-256 of the ``Authorization`` header: replicas may check API keys, and a hit
-must not answer a key they would refuse. Its first 16 hex digits name the tenant in store keys.
+gateway tenant) plus the client: its API key's bucket (the tenant, or the key's hash for a key without
+one) with ``--api-keys``, else the SHA-256 of the ``Authorization`` header it sent; two clients never
+share an answer. Its first 16 hex digits name the tenant in store keys.
 
 On a hit the client gets the stored answer (``proxy.response_answer``: a new id and created, its own
 ``model``, usage with every prompt token cached), as a body or replayed as SSE; an entry without usage
@@ -42,6 +43,7 @@ from aiohttp import web
 from prometheus_client import Counter
 
 from proxy.access_log import access_of
+from proxy.api_keys import ApiKey
 from proxy.context import GATEWAY
 from proxy.forward import Tap, request_id
 from proxy.metrics import GatewayMetrics
@@ -50,6 +52,7 @@ from proxy.response_answer import Answer, hit_body, hit_stream, hit_usage
 from proxy.response_capture import Capture
 from proxy.response_store import MemoryStore, RedisStore, Store, store_key
 from proxy.settings import Settings
+from proxy.tenancy import CLIENT_KEY
 from proxy.types import JSONObject, ParsedRequest, Route
 from routing.canonical import canonical_json, namespace_salt
 
@@ -84,10 +87,18 @@ def bypass_reason(route: Route, body: JSONObject, stream: bool) -> str | None:
     return "usage_details" if per_chunk or body.get("return_cached_tokens_details") else None
 
 
-def tenant_of(parsed: ParsedRequest, authorization: str | None) -> str:
-    """The tenant's material: the KV namespace salt + the hash of the Authorization header."""
-    auth = _sha256(authorization) if authorization else ""
-    return namespace_salt(parsed.routing.namespace) + "\x00auth=" + auth
+def client_of(request: web.Request) -> str:
+    """Who asks: the API key's bucket, else the hash of the Authorization header sent (or "")."""
+    key: ApiKey | None = request.get(CLIENT_KEY)
+    if key is not None:
+        return key.bucket
+    authorization = request.headers.get("Authorization")
+    return "auth:" + _sha256(authorization) if authorization else ""
+
+
+def tenant_of(parsed: ParsedRequest, client: str) -> str:
+    """The tenant's material: the KV namespace salt + the client (``client_of``)."""
+    return namespace_salt(parsed.routing.namespace) + "\x00client=" + client
 
 
 def request_key(parsed: ParsedRequest, tenant: str) -> str:
@@ -123,7 +134,7 @@ def plan_for(request: web.Request, parsed: ParsedRequest) -> Plan | None:
     directives = cache_control(request)
     if "no-store" in directives or bypass_reason(parsed.route, parsed.body, parsed.stream) is not None:
         return None
-    tenant = tenant_of(parsed, request.headers.get("Authorization"))
+    tenant = tenant_of(parsed, client_of(request))
     key = store_key(_sha256(tenant)[:16], request_key(parsed, tenant))
     options = parsed.body.get("stream_options")
     usage = isinstance(options, dict) and options.get("include_usage") is True

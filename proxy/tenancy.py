@@ -14,8 +14,11 @@ A request whose API key has a tenant (``proxy/api_keys.py``) gets the tenant's s
   response cache's tenant (``proxy.response_cache.tenant_of``).
 
 A request without a tenant may not use the reserved prefix in ``cache_salt + extra_key`` (400), so no
-client can step into a tenant's namespace. Then the rate limits (``proxy/rate_limit.py``) are charged
-on an estimate and ``Charge.settle`` corrects them with the reported usage.
+client can step into a tenant's namespace. A request's session key (``x-session-id`` or the configured
+body field) is scoped to its client, ``ApiKey.bucket`` (the tenant, or the key's hash for a key without
+one): two tenants that send the same session id are two sessions. Then the rate limits
+(``proxy/rate_limit.py``) are charged on an estimate and ``Charge.settle`` corrects them with the
+reported usage.
 """
 
 from __future__ import annotations
@@ -96,14 +99,25 @@ class Charge:
         self.limiter.settle(self.key, self.estimated, actual)
 
 
+def scoped_session(parsed: ParsedRequest, key: ApiKey) -> ParsedRequest:
+    """The request with its session key scoped to its client (``ApiKey.bucket``)."""
+    session = parsed.routing.session
+    if session is None:
+        return parsed
+    routing = dataclasses.replace(parsed.routing, session=f"{key.bucket}\x00{session}")
+    return dataclasses.replace(parsed, routing=routing)
+
+
 def admit(
     request: web.Request, limiter: RateLimiter, parsed: ParsedRequest, raw: bytes
 ) -> tuple[ParsedRequest, bytes, Charge | None]:
-    """Isolates the request in its key's tenant and charges the key's limits (429 past them)."""
+    """Isolates the request in its key's tenant, scopes its session to the key's client and charges the
+    key's limits (429 past them)."""
     key = request.get(CLIENT_KEY)
     parsed, raw = isolate(parsed, raw, key.tenant if key is not None else "")
     if key is None:
         return parsed, raw, None
+    parsed = scoped_session(parsed, key)
     estimated = estimate_tokens(len(raw), parsed.routing.max_new_tokens)
     limiter.admit(key, estimated)
     return parsed, raw, Charge(limiter, key, estimated)

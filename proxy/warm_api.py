@@ -10,8 +10,9 @@
 With ``--state``, a job is warmed and re-warmed by the gateway that received it (only it holds the text)
 and any gateway answers for it (``WarmupsPart``, at most ~1 s behind).
 
-With ``--admin-key`` set, every call needs it (``Authorization: Bearer``). Answers never contain the
-documents' text.
+Who may call, the tenant documents are warmed for, quotas and which jobs a caller sees:
+``proxy/warm_access.py`` (the admin key: any tenant and every job; a client key: its own namespace and
+jobs). Answers never contain the documents' text.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.admin import authorize
+from proxy import warm_access
 from proxy.context import GATEWAY
 from proxy.errors import NotFound
 from proxy.handlers import read_body
@@ -40,11 +41,6 @@ from routing.prompt import PromptRequest
 
 WARMUPS: web.AppKey[WarmJobs] = web.AppKey("warmups", WarmJobs)
 WAIT_LIMIT_S = 3600.0
-
-
-def _authorize(request: web.Request) -> None:
-    if request.app[GATEWAY].settings.admin_key is not None:
-        authorize(request, request.app[GATEWAY])
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
@@ -84,6 +80,8 @@ def job_view(jobs: WarmJobs, job: Job, detail: bool = False) -> dict[str, Any]:
     return {
         "id": job.id,
         "object": "warmup",
+        "tenant": job.tenant or None,
+        "owner": job.owner,
         "status": "done" if job.settled() else "running",
         "age_s": round(now - job.created_s, 3),
         "ttl_s": round(max(0.0, job.expires_s - now), 3),
@@ -92,13 +90,23 @@ def job_view(jobs: WarmJobs, job: Job, detail: bool = False) -> dict[str, Any]:
 
 
 async def create(request: web.Request) -> web.Response:
-    _authorize(request)
     gw, jobs = request.app[GATEWAY], request.app[WARMUPS]
+    who = warm_access.caller(request, gw)
     raw = await read_body(request, gw.settings.max_body_bytes)
-    req = parse_warmup(parse_json(raw))
+    body = parse_json(raw)
+    tenant = warm_access.tenant_for(who, gw, body)
+    req = parse_warmup(body, tenant)
+    warm_access.charge(who, gw, len(raw))
     probe = ParsedRequest(Route.CHAT, req.model, False, None, PromptRequest(req.model, None))
     model = gw.resolve_model(probe).model or req.model
-    job = jobs.submit(_with_model(req, model))
+    owner = who.owner_for(tenant)
+    held = jobs.owned_tokens(owner)
+    job = jobs.submit(_with_model(req, model), owner, tenant)
+    try:
+        warm_access.check_quota(gw, held, job, owner)
+    except warm_access.QuotaExceeded:
+        jobs.forget(job.id)
+        raise
     if not req.wait:
         return _json(job_view(jobs, job), status=202)
     with contextlib.suppress(TimeoutError):
@@ -113,30 +121,42 @@ def _with_model(req: WarmupRequest, model: str) -> WarmupRequest:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    """This gateway's jobs, then the other gateways' (as they last published them, ``gateway`` set)."""
-    _authorize(request)
+    """This gateway's jobs, then the other gateways' (as they last published them, ``gateway`` set),
+    those the caller may see."""
+    who = warm_access.caller(request, request.app[GATEWAY])
     jobs = request.app[WARMUPS]
-    data = [job_view(jobs, j) for j in jobs.jobs.values()] + list(jobs.peer_jobs().values())
-    return _json({"object": "list", "data": data})
+    views = [job_view(jobs, j) for j in jobs.jobs.values()] + list(jobs.peer_jobs().values())
+    return _json({"object": "list", "data": [v for v in views if who.may_see(v["owner"])]})
+
+
+def _owner(jobs: WarmJobs, job_id: str) -> str | None:
+    job = jobs.jobs.get(job_id)
+    if job is not None:
+        return job.owner
+    view = jobs.peer_jobs().get(job_id)
+    return None if view is None else str(view.get("owner", ""))
+
+
+def _visible(request: web.Request) -> tuple[WarmJobs, str]:
+    """The job id of the path, when the caller may see it: else the 404 of an unknown one."""
+    who = warm_access.caller(request, request.app[GATEWAY])
+    jobs, job_id = request.app[WARMUPS], request.match_info["job"]
+    owner = _owner(jobs, job_id)
+    if owner is None or not who.may_see(owner):
+        raise NotFound(f"no warm-up job {job_id!r}", param="id")
+    return jobs, job_id
 
 
 async def get_job(request: web.Request) -> web.Response:
-    _authorize(request)
-    jobs, job_id = request.app[WARMUPS], request.match_info["job"]
+    jobs, job_id = _visible(request)
     job = jobs.jobs.get(job_id)
-    if job is not None:
-        return _json(job_view(jobs, job, detail=True))
-    elsewhere = jobs.peer_jobs().get(job_id)
-    if elsewhere is None:
-        raise NotFound(f"no warm-up job {job_id!r}", param="id")
-    return _json(elsewhere)
+    return _json(job_view(jobs, job, detail=True) if job is not None else jobs.peer_jobs()[job_id])
 
 
 async def delete_job(request: web.Request) -> web.Response:
-    _authorize(request)
-    jobs, job_id = request.app[WARMUPS], request.match_info["job"]
-    if not jobs.forget(job_id) and not jobs.cancel_elsewhere(job_id):
-        raise NotFound(f"no warm-up job {job_id!r}", param="id")
+    jobs, job_id = _visible(request)
+    if not jobs.forget(job_id):
+        jobs.cancel_elsewhere(job_id)
     return _json({"id": job_id, "object": "warmup", "deleted": True})
 
 
@@ -172,7 +192,8 @@ def warm_section(jobs: WarmJobs) -> dict[str, Any]:
     """The warm-up part of ``/status``: every document of every job (this gateway's and the others')."""
     views = [job_view(jobs, j) for j in jobs.jobs.values()] + list(jobs.peer_jobs().values())
     docs = [
-        {"job": v["id"], "document": d["id"], "tokens": d["tokens"], "status": d["status"]}
+        {"job": v["id"], "tenant": v.get("tenant")}
+        | {"document": d["id"], "tokens": d["tokens"], "status": d["status"]}
         | {"replicas": ", ".join(f"{p['replica']} {p['status']}" for p in d["replicas"])}
         for v in views
         for d in v["documents"]

@@ -3,7 +3,10 @@
 A ``POST /v1/warmup`` body::
 
     {"model": "...", "documents": [{"id"?: "...", "text": "..."} | {"id"?: "...", "messages": [...]}],
-     "replicas"?: 1 | "all", "ttl"?: 3600, "wait"?: false, "cache_salt"?: "..."}
+     "replicas"?: 1 | "all", "ttl"?: 3600, "wait"?: false, "cache_salt"?: "...", "tenant"?: "..."}
+
+Any other field, in the body or in a document, is a 400 naming it: a field kvroute does not know is
+never silently ignored. ``tenant`` is read by ``proxy/warm_access.py`` (only the admin key may name one).
 
 - ``text``: a plain prompt prefix, as later ``/v1/completions`` or ``/generate`` requests start with it.
   It is warmed with SGLang's cheapest prefill-only request (contract §7): ``POST /generate`` with
@@ -15,7 +18,10 @@ A ``POST /v1/warmup`` body::
   0 as unset): one decoded token is the price of a prefix rendered exactly as later requests render it.
 
 Both are canonicalised and hashed exactly as live requests are (``proxy.openai`` builds the same typed
-prompt), so a live request that starts with a warmed prefix matches it in the cache model.
+prompt), so a live request that starts with a warmed prefix matches it in the cache model. A document
+warmed for a tenant is put in that tenant's namespace exactly as its live requests are
+(``proxy.tenancy.isolate``: the salt in ``cache_salt`` / ``extra_key``, the tenant in the routing keys),
+so it is a hit for that tenant's requests and for no one else's.
 
 **Steps.** A long document is warmed in prefixes of at most ``step_tokens``: each step sends the
 document up to a cut and the engine computes only the part beyond the previous cut (the earlier part is
@@ -37,8 +43,11 @@ import orjson
 
 from proxy.errors import InvalidRequest
 from proxy.openai import parse_request
+from proxy.tenancy import TENANT_PREFIX, isolate
 from proxy.types import JSONObject, ParsedRequest, Route
 
+FIELDS = frozenset({"model", "documents", "replicas", "ttl", "wait", "cache_salt", "tenant"})
+DOCUMENT_FIELDS = frozenset({"id", "text", "messages"})
 MAX_DOCUMENTS = 1000
 MAX_DOCUMENT_BYTES = 4 * 1024 * 1024
 MAX_TTL_S = 7 * 24 * 3600.0
@@ -63,6 +72,7 @@ class Document:
     text: str | None
     messages: tuple[JSONObject, ...]
     cache_salt: str
+    tenant: str = ""  # the namespace it is warmed in ("": no tenant)
 
     @property
     def kind(self) -> str:
@@ -104,11 +114,8 @@ class Document:
             body["rid"] = rid
         raw = orjson.dumps(body)
         parsed = parse_request(Route.GENERATE, raw)
-        return Step(
-            "/generate",
-            raw,
-            dataclasses.replace(parsed, model=self.model, routing=_with_model(parsed, self.model)),
-        )
+        parsed = dataclasses.replace(parsed, model=self.model, routing=_with_model(parsed, self.model))
+        return Step("/generate", *self._isolated(parsed, raw))
 
     def _chat_step(self, messages: tuple[JSONObject, ...], rid: str | None = None) -> Step:
         body: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": 1}
@@ -117,7 +124,12 @@ class Document:
         if rid is not None:
             body["rid"] = rid
         raw = orjson.dumps(body)
-        return Step("/v1/chat/completions", raw, parse_request(Route.CHAT, raw))
+        return Step("/v1/chat/completions", *self._isolated(parse_request(Route.CHAT, raw), raw))
+
+    def _isolated(self, parsed: ParsedRequest, raw: bytes) -> tuple[bytes, ParsedRequest]:
+        """The step in the document's tenant's namespace, as that tenant's live requests are."""
+        parsed, raw = isolate(parsed, raw, self.tenant)
+        return raw, parsed
 
 
 def _with_model(parsed: ParsedRequest, model: str) -> Any:
@@ -133,14 +145,25 @@ class WarmupRequest:
     wait: bool
 
 
-def parse_warmup(body: JSONObject) -> WarmupRequest:
-    """Validates a ``POST /v1/warmup`` body; raises InvalidRequest naming the field."""
+def _known(fields: object, allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(fields) - allowed) if isinstance(fields, dict) else []
+    if unknown:
+        name, known = where + unknown[0], ", ".join(sorted(allowed))
+        raise InvalidRequest(f"unknown field '{name}' (known: {known})", param=name)
+
+
+def parse_warmup(body: JSONObject, tenant: str = "") -> WarmupRequest:
+    """Validates a ``POST /v1/warmup`` body, its documents warmed in ``tenant``'s namespace; raises
+    InvalidRequest naming the field."""
+    _known(body, FIELDS, "")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise InvalidRequest("'model' must be a non-empty string", param="model")
     salt = body.get("cache_salt", "")
     if not isinstance(salt, str):
         raise InvalidRequest("'cache_salt' must be a string", param="cache_salt")
+    if salt.startswith(TENANT_PREFIX):
+        raise InvalidRequest(f"'cache_salt' may not start with {TENANT_PREFIX!r}", param="cache_salt")
     docs = body.get("documents")
     if not isinstance(docs, list) or not docs:
         raise InvalidRequest("'documents' must be a non-empty array", param="documents")
@@ -148,7 +171,7 @@ def parse_warmup(body: JSONObject) -> WarmupRequest:
         raise InvalidRequest(
             f"at most {MAX_DOCUMENTS} documents per request, got {len(docs)}", param="documents"
         )
-    parsed = tuple(_document(i, d, model, salt) for i, d in enumerate(docs))
+    parsed = tuple(_document(i, d, model, salt, tenant) for i, d in enumerate(docs))
     ids = [d.id for d in parsed]
     if len(set(ids)) != len(ids):
         raise InvalidRequest("document ids must be unique within a request", param="documents")
@@ -157,10 +180,11 @@ def parse_warmup(body: JSONObject) -> WarmupRequest:
     )
 
 
-def _document(i: int, d: object, model: str, salt: str) -> Document:
+def _document(i: int, d: object, model: str, salt: str, tenant: str) -> Document:
     where = f"documents[{i}]"
     if not isinstance(d, dict):
         raise InvalidRequest(f"'{where}' must be an object with 'text' or 'messages'", param=where)
+    _known(d, DOCUMENT_FIELDS, where + ".")
     doc_id = d.get("id", f"doc-{i}")
     if not isinstance(doc_id, str) or not doc_id or len(doc_id) > 128:
         raise InvalidRequest(f"'{where}.id' must be a string of 1-128 characters", param=f"{where}.id")
@@ -172,7 +196,7 @@ def _document(i: int, d: object, model: str, salt: str) -> Document:
     if messages is not None:
         probe = orjson.dumps({"model": model, "messages": messages})
         parse_request(Route.CHAT, probe)  # the same validation as a live chat request
-    doc = Document(doc_id, model, text, tuple(messages or ()), salt)
+    doc = Document(doc_id, model, text, tuple(messages or ()), salt, tenant)
     if doc.size_bytes() > MAX_DOCUMENT_BYTES:
         raise InvalidRequest(f"'{where}' exceeds {MAX_DOCUMENT_BYTES} bytes", param=where)
     return doc

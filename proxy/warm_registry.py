@@ -51,6 +51,10 @@ class WarmDoc:
         return self.routing.prompt_tokens
 
 
+def _live(d: WarmDoc) -> bool:
+    return any(p.status != "expired" for p in d.placements)
+
+
 @dataclass(slots=True)
 class Job:
     id: str
@@ -58,6 +62,8 @@ class Job:
     expires_s: float
     replicas: int | None
     docs: list[WarmDoc]
+    owner: str = ""  # who may see it (``proxy/warm_access.py``): a tenant's or a key's bucket, "" admin
+    tenant: str = ""  # the namespace its documents are warmed in
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def settled(self) -> bool:
@@ -75,9 +81,9 @@ class WarmRegistry:
         self.cancelled: dict[str, float] = {}  # others' jobs deleted here -> until when to say so
 
     # ---- the registry -------------------------------------------------------------------------------
-    def submit(self, req: WarmupRequest) -> Job:
+    def submit(self, req: WarmupRequest, owner: str = "", tenant: str = "") -> Job:
         now = time.monotonic()
-        job = Job("wu_" + uuid.uuid4().hex[:16], now, now + req.ttl_s, req.replicas, [])
+        job = Job("wu_" + uuid.uuid4().hex[:16], now, now + req.ttl_s, req.replicas, [], owner, tenant)
         warmed = self.warmed_tokens()
         for doc in req.documents:
             placed = self._place(doc, req.replicas, warmed)
@@ -109,6 +115,13 @@ class WarmRegistry:
                     if p["status"] != "expired":
                         out[p["replica"]] = out.get(p["replica"], 0.0) + float(doc["tokens"])
         return out
+
+    def owned_tokens(self, owner: str) -> int:
+        """Tokens of the documents ``owner``'s live jobs hold warm (or warming), here and elsewhere."""
+        mine = sum(d.tokens for j in self.jobs.values() if j.owner == owner for d in j.docs if _live(d))
+        views = (v for v in self.peer_jobs().values() if v.get("owner") == owner)
+        theirs = sum(int(d["tokens"]) for v in views for d in v["documents"] if d["status"] != "expired")
+        return mine + theirs
 
     # ---- other gateways' jobs (proxy/state_sync.py) -------------------------------------------------
     def peer_jobs(self) -> dict[str, dict[str, Any]]:

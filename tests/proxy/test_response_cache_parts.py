@@ -24,7 +24,7 @@ MSG = [{"role": "user", "content": "hi"}]
 
 def _key(body: dict[str, Any], route: Route = Route.CHAT, auth: str | None = None) -> str:
     parsed = parse_request(route, orjson.dumps(body))
-    return request_key(parsed, tenant_of(parsed, auth))
+    return request_key(parsed, tenant_of(parsed, auth or ""))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,10 @@
 number of attempts); the errors middleware writes the line once the answer is known, so rejected
 requests (400, 404, 413, 503) are logged too, with what was known of them. Logger ``kvroute.access`` at
 INFO: route it elsewhere with the logging configuration.
+
+Every field a client chose (the path as sent, the request id) is escaped: a control character, a
+space, a quote or a backslash is written as ``\\xNN`` (``\\uNNNN`` beyond Latin-1), and a field is cut at
+``MAX_FIELD`` characters, so one request writes exactly one line and cannot forge another or a field.
 """
 
 from __future__ import annotations
@@ -18,6 +22,20 @@ from dataclasses import dataclass
 from aiohttp import web
 
 log = logging.getLogger("kvroute.access")
+MAX_FIELD = 512
+_ESCAPED = frozenset(' "\\')
+
+
+def escaped(text: str) -> str:
+    """``text`` as one log field (module docstring)."""
+    if text.isprintable() and not _ESCAPED.intersection(text) and len(text) <= MAX_FIELD:
+        return text
+    out = [c if c.isprintable() and c not in _ESCAPED else _escape(c) for c in text[:MAX_FIELD]]
+    return "".join(out) + ("..." if len(text) > MAX_FIELD else "")
+
+
+def _escape(c: str) -> str:
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
 @dataclass(slots=True)
@@ -53,8 +71,8 @@ def log_access(request: web.Request, resp: web.StreamResponse) -> None:
     log.info(
         "%s %s %d replica=%s reason=%s ttft_ms=%s prompt=%s cached=%s completion=%s attempts=%d id=%s"
         " ms=%.0f",
-        request.method,
-        request.path,
+        escaped(request.method),
+        escaped(request.raw_path),
         resp.status,
         a.replica,
         a.reason,
@@ -63,6 +81,6 @@ def log_access(request: web.Request, resp: web.StreamResponse) -> None:
         _n(a.cached_tokens),
         _n(a.completion_tokens),
         a.attempts,
-        resp.headers.get("x-request-id") or request.headers.get("x-request-id", "-"),
+        escaped(resp.headers.get("x-request-id") or request.headers.get("x-request-id") or "-"),
         (time.monotonic() - a.started_s) * 1e3,
     )

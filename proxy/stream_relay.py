@@ -5,7 +5,10 @@ can move on to another replica, as for an in-band 5xx error that a stream begins
 by chunk, each within ``idle_timeout``; a failure after the first streamed byte (a cut, an idle stream, a
 stream that ends without ``[DONE]``) sends one SSE error event and ends the body (no ``[DONE]``); the
 client's connection is not closed after it (a server closing a keep-alive connection after a complete
-body races with the client's next request on it). An optional ``Tap`` sees each SSE chunk as it passes.
+body races with the client's next request on it). A client that stops reading (one write waits past
+``--client-write-timeout``) is treated as gone: its connection is dropped and the request aborted
+upstream, so a stalled reader cannot hold a replica's slot. An optional ``Tap`` sees each SSE chunk as
+it passes.
 
 ``watched`` guards every step before a byte reached the client (``proxy/forward.py`` sends and reads
 under it): a replica failure is counted and a timed-out request abandoned. If the client goes away (the
@@ -27,7 +30,7 @@ from multidict import CIMultiDict
 from proxy.attempt import Attempt
 from proxy.context import Gateway
 from proxy.errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from proxy.relay import SSESniffer, end_body, first_event_error, relay_stream
+from proxy.relay import ClientStalled, SSESniffer, end_body, first_event_error, relay_stream
 from proxy.types import ParsedRequest, Route
 
 log = logging.getLogger("kvroute.forward")
@@ -76,7 +79,7 @@ async def relay_sse(
     if a.tap is not None:
         chunks = a.tap.stream(resp.status, chunks)
     try:
-        await relay_stream(out, chunks, sniffer, a.first_byte)
+        await relay_stream(out, chunks, sniffer, a.first_byte, gw.settings.client_write_timeout)
         if resp.status < 400 and parsed.route is not Route.PASSTHROUGH and not sniffer.saw_done:
             raise UpstreamUnavailable("stream ended before [DONE]", retryable=False)
         a.ok = resp.status < 400
@@ -90,6 +93,12 @@ async def relay_sse(
     except (asyncio.CancelledError, ConnectionResetError):
         _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)
         raise
+    except ClientStalled as e:
+        log.warning("client of a stream from %s stalled: %s; the request is aborted", a.replica, e)
+        _client_gone(gw, a, resp, sniffer.rid or parsed.rid, parsed.route.value)  # not the replica's fault
+        if request.transport is not None:
+            request.transport.abort()
+        return out
     finally:
         a.usage = sniffer.usage()
     await end_body(out)

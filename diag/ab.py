@@ -15,51 +15,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
-from dataclasses import dataclass
 
 from diag import report
 from diag.client import DiagError, Generation, SGLangClient
 from diag.options import add_common, plotting, positive_float, positive_int, run_command, seed_of
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
-from diag.target import Target, discover
+from diag.results import AbResult, Phase
+from diag.target import discover
 
 DEFAULT_RUNS = 3
 DEFAULT_FLUSH_TIMEOUT_S = 30.0
 MOSTLY = 0.5  # share of the prompt that counts as "cached"
-
-
-@dataclass(frozen=True, slots=True)
-class Phase:
-    name: str  # "cold" or "hot"
-    ttfts: tuple[float, ...]
-    prompt_tokens: int
-    last: Generation
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.ttfts)
-
-    @property
-    def prefill_rate(self) -> float:
-        """Prompt tokens per second of TTFT (median)."""
-        return self.prompt_tokens / self.median if self.median > 0 else float("inf")
-
-
-@dataclass(frozen=True, slots=True)
-class AbResult:
-    target: Target
-    runs: int
-    seed: int
-    prompt_tokens: int
-    cold: Phase
-    hot: Phase
-    notes: tuple[str, ...]
-
-    @property
-    def speedup(self) -> float:
-        return self.cold.median / self.hot.median if self.hot.median > 0 else float("inf")
 
 
 def phase(name: str, sends: list[Generation], planned: int) -> Phase:

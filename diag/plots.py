@@ -26,8 +26,7 @@ from diag.client import DiagError
 from diag.report import SEED_RATIOS
 
 if TYPE_CHECKING:
-    from diag.ab import AbResult
-    from diag.probe import ProbeResult
+    from diag.results import AbResult, ProbeResult
 
 
 def _save(fig: Figure, path: Path) -> None:

@@ -40,28 +40,11 @@ from diag.options import (
 from diag.pressure import Plan, check_context, plan_pressure
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
+from diag.results import ProbeResult
 from diag.target import Pool, Target, discover
-from diag.verdict import Verdict, judge
+from diag.verdict import judge
 
 SESSION_HEADER = "x-session-id"
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeResult:
-    target: Target
-    pool: Pool  # R's replica
-    plan: Plan
-    seed: int
-    token_ids: bool  # prompts sent as input_ids
-    r_digest: str
-    cold: Generation
-    after: Generation
-    again: Generation  # the fastest of the step-4 sends
-    again_ttfts: tuple[float, ...]
-    pressure: dict[str, int]  # replica -> pressure tokens it served
-    pressure_contexts: int
-    host_used: tuple[int | None, int | None, int | None]  # before step 1, after step 2, at the end
-    verdict: Verdict
 
 
 @dataclass(frozen=True, slots=True)

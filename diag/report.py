@@ -18,8 +18,7 @@ from diag.client import Generation
 from diag.metrics import HOST_USED
 
 if TYPE_CHECKING:
-    from diag.ab import AbResult, Phase
-    from diag.probe import ProbeResult
+    from diag.results import AbResult, Phase, ProbeResult
 
 SEED_RATIOS = (1.0, 0.4 / 15.4, 0.1 / 15.4)  # seed 1, write_back: cold, after eviction, again
 

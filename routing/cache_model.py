@@ -41,23 +41,11 @@ from routing.chunk_tail import Tail, next_tail
 from routing.config import RoutingConfig
 from routing.exact import ExactState, KvMode
 from routing.kv_events import EventBatch
-from routing.ledger import Provisional
+from routing.ledger import Provisional, Recorded
 from routing.prefix_reuse import resume_limit, reused_prefix
 from routing.resume import SequenceEnds
 from routing.tiers import ReplicaTiers, host_reusable
 from routing.types import BlockHash, PrefixMatch, ReplicaId, ReplicaState, Report, RoutingRequest
-
-
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """The receipt of one ``record``: what was predicted and what the request holds provisionally."""
-
-    request: RoutingRequest
-    replica: ReplicaId
-    match: PrefixMatch  # predicted tokens per tier on this replica
-    confirmed: float  # predicted tokens on blocks that were real (not provisional) when routed
-    held_from: int  # first block index the request holds provisionally
-    new_end: bool  # hybrid: this request added its prompt's end to the replica's SequenceEnds
 
 
 @dataclass(slots=True)

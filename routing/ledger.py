@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, islice, repeat
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from routing.types import (
     BlockHash,
@@ -43,10 +43,19 @@ from routing.types import (
     TtftTerms,
 )
 
-if TYPE_CHECKING:
-    from routing.cache_model import Recorded
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """The receipt of one ``record``: what was predicted and what the request holds provisionally."""
+
+    request: RoutingRequest
+    replica: ReplicaId
+    match: PrefixMatch  # predicted tokens per tier on this replica
+    confirmed: float  # predicted tokens on blocks that were real (not provisional) when routed
+    held_from: int  # first block index the request holds provisionally
+    new_end: bool  # hybrid: this request added its prompt's end to the replica's SequenceEnds
 
 
 class CountedBlocks:

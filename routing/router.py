@@ -222,7 +222,7 @@ class Router:
         return self.cache.accuracy()
 
     def status(self) -> RouterStatus:
-        return router_status(self, len(self._open))
+        return router_status(self.name, self.cache, self.rates, self.tokens.bytes_per_token, len(self._open))
 
     # ---- internals ----------------------------------------------------------------------------------
     def _prepare(self, req: PromptRequest) -> tuple[RoutingRequest, int]:

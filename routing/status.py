@@ -16,7 +16,8 @@ from routing.calibration import AccuracyStats
 from routing.types import ReplicaId
 
 if TYPE_CHECKING:
-    from routing.router import Router
+    from routing.cache_model import CacheModel
+    from routing.rates import RateBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,11 @@ def _tier(lru: BlockLru) -> TierView:
     return TierView(len(lru), lru.tokens, lru.capacity, lru.table_bytes())
 
 
-def router_status(router: Router, open_tickets: int) -> RouterStatus:
-    cache, bt = router.cache, router.cache.block_tokens
+def router_status(
+    name: str, cache: CacheModel, book: RateBook, bytes_per_token: float, open_tickets: int
+) -> RouterStatus:
+    """What the router's parts say of themselves (``Router.status`` passes them)."""
+    bt = cache.block_tokens
     accuracy = cache.accuracy()
     replicas: dict[ReplicaId, ReplicaView] = {}
     for rid in cache.replica_ids():
@@ -69,7 +73,7 @@ def router_status(router: Router, open_tickets: int) -> RouterStatus:
         if t is None:
             continue
         gpu, host, storage = (_tier(x) for x in (t.gpu, t.host, t.storage))
-        r = router.rates.get(rid)
+        r = book.get(rid)
         rates = RatesView(
             r.prefill_tokens_per_s,
             r.host_tokens_per_s,
@@ -79,6 +83,4 @@ def router_status(router: Router, open_tickets: int) -> RouterStatus:
             r.samples,
         )
         replicas[rid] = ReplicaView(gpu, host, storage, rates, accuracy.get(rid))
-    return RouterStatus(
-        router.name, router.tokens.bytes_per_token, bt, cache.blocks(), open_tickets, replicas
-    )
+    return RouterStatus(name, bytes_per_token, bt, cache.blocks(), open_tickets, replicas)

@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from routing.cache_model import CacheModel, Recorded
+from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
+from routing.ledger import Recorded
 from routing.tiers import tier_warnings
 from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest, WritePolicy
 

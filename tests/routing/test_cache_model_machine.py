@@ -13,8 +13,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from routing.cache_model import CacheModel, Recorded
+from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
+from routing.ledger import Recorded
 from routing.prefix_reuse import LOAD_BACK_MIN_TOKENS, PREFETCH_MIN_TOKENS
 from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest, WritePolicy
 from tests.routing.reference import RefEnds, RefProvisional, RefTiers

@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 
-from routing.cache_model import CacheModel, Recorded
+from routing.cache_model import CacheModel
 from routing.config import RoutingConfig
+from routing.ledger import Recorded
 from routing.resume import SequenceEnds, grid_tokens
 from routing.types import NO_MATCH, PrefixMatch, ReplicaState, Report, RoutingRequest
 

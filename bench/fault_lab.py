@@ -13,7 +13,7 @@ and sends ``n`` chat requests (every other one streamed) at ``concurrency``, the
   request that reaches it (the breaker soon ejects it: then only its half-open trials do);
 - **dropped**: the victim accepts the first ``DROPPED`` requests that reach it and never answers them,
   while it serves the rest: it keeps working, so a first-byte wait on it goes on past its deadline
-  (``proxy/liveness.py``) until later requests overtake it (streamed) or at once (not streamed);
+  (``proxy/upstream/liveness.py``) until later requests overtake it (streamed) or at once (not streamed);
 - **restart**: the victim restarts (cache lost, new start time) once a third answered;
 - **redis_down** / **redis_flushed**: the Redis is stopped / emptied (FLUSHALL) once a third answered.
 
@@ -41,10 +41,10 @@ from aiohttp import web
 
 from bench.fleet import EmulatorFleet
 from bench.redis_proc import RedisServer
+from proxy.config.settings import Settings
 from proxy.context import GATEWAY
+from proxy.runtime.serving import GatewayRunner
 from proxy.server import build_app
-from proxy.serving import GatewayRunner
-from proxy.settings import Settings
 
 KINDS = (
     "killed",

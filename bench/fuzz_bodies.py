@@ -5,7 +5,7 @@ types (null, booleans, big and negative numbers, NaN-free floats, strings with w
 objects), required fields go missing, unknown fields appear, messages get odd roles and content parts.
 The engine's work stays small (``WORK_KNOBS``: an integer there is at most 4, else a wrong type) so
 that the replicas answer quickly. `is_openai_error` is the check every rejection kvroute makes must pass.
-Deterministic for a given ``random.Random``: `tests/proxy/test_fuzz.py` draws
+Deterministic for a given ``random.Random``: `tests/proxy/front/test_fuzz.py` draws
 the seed from hypothesis, `bench.fuzz` from its ``--seed``.
 """
 

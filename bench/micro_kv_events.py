@@ -3,7 +3,7 @@
     python -m bench.micro_kv_events [--replicas 16] [--rate 50] [--seconds 20] [--per-batch 5]
 
 A synthetic but realistic stream per replica, in the wire format of both encodings (msgpack frames as
-``proxy/kv_wire.py`` reads them): 60% ``BlockStored`` of one radix node of 1-4 pages of 16 tokens,
+``proxy/sync/kv_wire.py`` reads them): 60% ``BlockStored`` of one radix node of 1-4 pages of 16 tokens,
 extending a random recent live node (a new root one time in five) and, in the 0.5.23 encoding, half of
 them followed later by the node's host copy (``CPU_PINNED``); 40% ``BlockRemoved`` of the oldest leaf
 node (a radix tree evicts leaves first).
@@ -22,7 +22,7 @@ import time
 
 import msgpack
 
-from proxy.kv_wire import decode_message
+from proxy.sync.kv_wire import decode_message
 from routing.config import RoutingConfig
 from routing.router import Router
 from routing.types import ReplicaState

@@ -1,4 +1,4 @@
-"""Micro-benchmark of the gateway's /metrics rendering: proxy.exposition against prometheus-client's
+"""Micro-benchmark of the gateway's /metrics rendering: proxy.observe.exposition against prometheus-client's
 ``generate_latest`` on the same registry, side by side in one run (prints numbers; not a test).
 
     python -m bench.micro_metrics [--replicas 16] [--repeat 200]
@@ -9,7 +9,7 @@ round_robin) in front of ``--replicas`` emulated replicas (one ``python -m emula
 (whole and streamed chat, streamed completions, on every replica) and scrapes every replica once. Then
 ``GatewayMetrics.render()`` (what /metrics serves) and ``generate_latest(registry)`` take turns
 ``--repeat`` times: CPU time per call (``time.process_time``), median and p99, and the ratio of the
-medians. Both see the same families (``tests/proxy/test_exposition.py`` compares their samples).
+medians. Both see the same families (``tests/proxy/observe/test_exposition.py`` compares their samples).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from prometheus_client import generate_latest
 
 from bench.fleet import EmulatorFleet
 from bench.overhead import SCRAPE_EMULATOR_ARGS, pct_ms
+from proxy.config.settings import Settings
 from proxy.context import GATEWAY
+from proxy.runtime.serving import GatewayRunner
 from proxy.server import build_app
-from proxy.serving import GatewayRunner
-from proxy.settings import Settings
 
 
 async def _traffic(url: str, model: str, replicas: int) -> None:
@@ -59,9 +59,9 @@ async def measure(replicas: int, repeat: int) -> dict[str, list[float]]:
             gw = app[GATEWAY]
             await _traffic(url, sorted(gw.fleet.models())[0], replicas)
             await gw.metrics.scraper.scrape_all(gw.up)
-            times: dict[str, list[float]] = {"proxy.exposition": [], "generate_latest": []}
+            times: dict[str, list[float]] = {"proxy.observe.exposition": [], "generate_latest": []}
             calls: dict[str, Callable[[], bytes]] = {
-                "proxy.exposition": gw.metrics.render,
+                "proxy.observe.exposition": gw.metrics.render,
                 "generate_latest": lambda: generate_latest(gw.metrics.registry),
             }
             for _ in range(repeat):
@@ -86,8 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{name:<18} {args.replicas} replicas  CPU per render: p50 {p50[name]:.2f} ms  p99 {p99:.2f} ms"
         )
-    ratio = p50["generate_latest"] / p50["proxy.exposition"]
-    print(f"generate_latest / proxy.exposition (medians): {ratio:.1f}x")
+    ratio = p50["generate_latest"] / p50["proxy.observe.exposition"]
+    print(f"generate_latest / proxy.observe.exposition (medians): {ratio:.1f}x")
     return 0
 
 

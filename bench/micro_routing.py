@@ -27,7 +27,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from proxy.malloc import tune_malloc
+from proxy.runtime.malloc import tune_malloc
 from routing.cache_model import CacheModel
 from routing.canonical import render
 from routing.config import RoutingConfig
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=50)
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args(argv)
-    tuned = tune_malloc()  # as ``kvroute serve`` does at start (proxy/malloc.py)
+    tuned = tune_malloc()  # as ``kvroute serve`` does at start (proxy/runtime/malloc.py)
     print(f"glibc malloc thresholds raised: {tuned}")
     for n in (int(x) for x in args.replicas.split(",")):
         bench_hot_path(n, args.repeat)

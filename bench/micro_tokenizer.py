@@ -29,9 +29,9 @@ from typing import Any
 import orjson
 
 from bench.text import WordSource
-from proxy.openai import parse_request
-from proxy.prefix_cache import PrefixCache
-from proxy.tokenizer import PromptTokenizer
+from proxy.exact.prefix_cache import PrefixCache
+from proxy.exact.tokenizer import PromptTokenizer
+from proxy.front.openai import parse_request
 from proxy.types import ParsedRequest, Route
 from routing.config import RoutingConfig
 from routing.router import Router

@@ -7,7 +7,7 @@ Detection, in order:
 2. Otherwise ``GET /server_info`` (then its deprecated alias ``/get_server_info``) must answer SGLang's
    flat object (``max_total_num_tokens`` or ``internal_states``); ``/model_info`` (or
    ``/get_model_info``) tells whether the model is hybrid. The pools follow the contract's §4 recipe
-   (``proxy.replica_info``, the gateway's own parser): GPU = ``internal_states[0].memory_usage.
+   (``proxy.fleet.replica_info``, the gateway's own parser): GPU = ``internal_states[0].memory_usage.
    token_capacity`` else ``max_total_num_tokens``; host = ``hicache_size`` GB / bytes per token, or
    ``ceil_page(gpu x hicache_ratio) + page``.
 Anything else is "not an SGLang server or a kvroute gateway"; a refused connection is "unreachable", and
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from diag.client import DiagError, SGLangClient, Unauthorized, Unreachable
-from proxy.replica_info import parse_replica_info
+from proxy.fleet.replica_info import parse_replica_info
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from proxy.flags import kvroute_version
+from proxy.config.flags import kvroute_version
 
 _COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("proxy.server", "the OpenAI-compatible gateway"),

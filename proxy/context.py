@@ -2,12 +2,12 @@
 
 ``Gateway`` owns no sockets itself: the ClientSession, the health poller and background tasks are
 created and closed by ``cleanup_ctx`` generators in ``proxy/server.py``. It holds the fleet, the
-upstream client, the deadlines (``proxy/deadlines.py``), the retry budget (``proxy/retry_budget.py``),
-the metrics, admission (``proxy/admission.py``), the client API keys and their rate limits
-(``proxy/api_keys.py``, ``proxy/rate_limit.py``) and the ``routing.router.Router``, the one door into
-routing: ``route`` turns a parsed request and the fleet's snapshot into a ``Ticket`` (or a 503),
-counting the decision. The snapshot holds only the replicas below their waiting bound
-(``proxy/admission.py``: 429 when none is).
+upstream client, the deadlines (``proxy/upstream/deadlines.py``), the retry budget
+(``proxy/upstream/retry_budget.py``), the metrics, admission (``proxy/fleet/admission.py``), the client API
+keys and their rate limits (``proxy/tenancy/keys.py``, ``proxy/tenancy/rate_limit.py``) and the
+``routing.router.Router``, the one door into routing: ``route`` turns a parsed request and the fleet's
+snapshot into a ``Ticket`` (or a 503), counting the decision. The snapshot holds only the replicas below their
+waiting bound (``proxy/fleet/admission.py``: 429 when none is).
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.admission import Admission
-from proxy.api_keys import KeyRing, load_keys
-from proxy.deadlines import Deadlines
+from proxy.config.settings import Settings
 from proxy.errors import ModelNotFound, NoReplicaAvailable
-from proxy.fleet import Fleet
-from proxy.liveness import Liveness
-from proxy.metrics import GatewayMetrics
-from proxy.model_names import resolve
-from proxy.rate_limit import RateLimiter
-from proxy.retry_budget import RetryBudget
-from proxy.settings import Settings
-from proxy.tokenizer import PromptTokenizer
+from proxy.exact.tokenizer import PromptTokenizer
+from proxy.fleet.admission import Admission
+from proxy.fleet.fleet import Fleet
+from proxy.fleet.model_names import resolve
+from proxy.observe.metrics import GatewayMetrics
+from proxy.tenancy.keys import KeyRing, load_keys
+from proxy.tenancy.rate_limit import RateLimiter
 from proxy.types import ParsedRequest
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
+from proxy.upstream.deadlines import Deadlines
+from proxy.upstream.liveness import Liveness
+from proxy.upstream.retry_budget import RetryBudget
 from routing.ledger import Ticket
 from routing.pipeline import NoCandidates
 from routing.router import Router
@@ -71,13 +71,17 @@ class Gateway:
     admission: Admission = field(init=False)
     keys: KeyRing | None = field(init=False)  # client API keys (``--api-keys``), None: open
     limiter: RateLimiter = field(default_factory=RateLimiter)
-    deadlines: Deadlines = field(init=False)  # from the settings (proxy/deadlines.py)
-    liveness: Liveness = field(init=False)  # when each replica last sent body bytes (proxy/liveness.py)
-    retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/retry_budget.py)
-    tokenizer: PromptTokenizer | None = None  # --tokenizer-path: prompts as token ids (proxy/tokenizer.py)
+    deadlines: Deadlines = field(init=False)  # from the settings (proxy/upstream/deadlines.py)
+    liveness: Liveness = field(
+        init=False
+    )  # when each replica last sent body bytes (proxy/upstream/liveness.py)
+    retry_budget: RetryBudget = field(init=False)  # shared by every request (proxy/upstream/retry_budget.py)
+    tokenizer: PromptTokenizer | None = (
+        None  # --tokenizer-path: prompts as token ids (proxy/exact/tokenizer.py)
+    )
 
     def __post_init__(self) -> None:
-        self.deadlines = self.settings.deadlines()
+        self.deadlines = Deadlines.of(self.settings)
         self.liveness = Liveness(self.settings.first_byte_timeout)
         self.retry_budget = RetryBudget(self.settings.retry_budget, self.settings.retry_budget_floor)
         self.keys = load_keys(self.settings.api_keys) if self.settings.api_keys else None
@@ -97,7 +101,7 @@ class Gateway:
         return self.upstream
 
     def resolve_model(self, parsed: ParsedRequest) -> ParsedRequest:
-        """The request for the served model its ``model`` means (``proxy/model_names.py``); 404
+        """The request for the served model its ``model`` means (``proxy/fleet/model_names.py``); 404
         model_not_found when there is none. A request without a model (``/generate``) is unchanged."""
         if parsed.model is None:
             return parsed

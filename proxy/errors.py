@@ -11,9 +11,9 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
     ├── NoReplicaAvailable 503 · Draining 503
     └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
 
-aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream.py``.
+aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream/client.py``.
 An upstream that *answers* with an error status is not an exception: its response is relayed as-is
-(or retried on another replica when that is safe, see ``proxy/handlers.py``). Once a stream has
+(or retried on another replica when that is safe, see ``proxy/front/handlers.py``). Once a stream has
 started, the status can no longer change: the handler sends one SSE error event and closes.
 An error with ``retry_after`` (seconds) is sent with a ``Retry-After`` header (429s, the drain's 503).
 """
@@ -126,7 +126,7 @@ class Overloaded(GatewayError):
 
 
 class RateLimited(Overloaded):
-    """A tenant went past its requests or tokens per minute (``proxy/rate_limit.py``)."""
+    """A tenant went past its requests or tokens per minute (``proxy/tenancy/rate_limit.py``)."""
 
     code = "rate_limit_exceeded"
 

@@ -3,13 +3,14 @@
 ``build_app(settings)`` wires the gateway: one ``Gateway`` value under ``GATEWAY``; one cleanup_ctx
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
 with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``; the KV-event
-subscriptions, ``proxy/kv_subscriber.py``);
+subscriptions, ``proxy/sync/kv_subscriber.py``);
 routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
-API and the operational endpoints (``proxy/operations.py``); two middlewares, the errors one outside
-and ``proxy/gatekeeper.py`` (client API keys, admission) inside. Serve it with ``proxy.serving.runner``
-(``main`` does, and the tests): handler cancellation, so a client that disconnects cancels its handler at
-once and the upstream request is aborted, and OpenAI-shaped answers to malformed HTTP. ``main`` returns
-``serve``'s exit status (0 after a drain, 1 when a second signal cut it short).
+API and the operational endpoints (``proxy/front/operations.py``); two middlewares, the errors one outside
+and ``proxy/front/gatekeeper.py`` (client API keys, admission) inside. Serve it with
+``proxy.runtime.serving.runner`` (``main`` does, and the tests): handler cancellation, so a client that
+disconnects cancels its handler at once and the upstream request is aborted, and OpenAI-shaped answers to
+malformed HTTP. ``main`` returns ``serve``'s exit status (0 after a drain, 1 when a second signal cut it
+short).
 """
 
 from __future__ import annotations
@@ -22,33 +23,26 @@ from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 
-from proxy import (
-    admin,
-    gatekeeper,
-    handlers,
-    operations,
-    passthrough,
-    replica_control,
-    request_guard,
-    response_cache,
-    route_preview,
-    state_sync,
-    warm_api,
-)
+from proxy.admin import control, preview, replicas
+from proxy.answers import cache as response_cache
+from proxy.config.settings import Settings, SettingsError, load_settings
 from proxy.context import GATEWAY, Gateway
-from proxy.discovery import DISCOVERY, discovery_for
-from proxy.fleet import Fleet
-from proxy.kv_subscriber import kv_events_ctx
-from proxy.malloc import tune_malloc
-from proxy.metrics import GatewayMetrics
-from proxy.observe import observe_ctx, observe_tokenizer
-from proxy.replica_auth import ReplicaAuth
-from proxy.request_body import body_middleware
-from proxy.serving import StartupError, serve, tls_context
-from proxy.settings import Settings, SettingsError, load_settings
-from proxy.tokenizer import PromptTokenizer
+from proxy.exact.tokenizer import PromptTokenizer
+from proxy.fleet.discovery import DISCOVERY, discovery_for
+from proxy.fleet.fleet import Fleet
+from proxy.front import gatekeeper, handlers, operations, passthrough, request_guard
+from proxy.front.request_body import body_middleware
+from proxy.observe.metrics import GatewayMetrics
+from proxy.runtime.malloc import tune_malloc
+from proxy.runtime.serving import StartupError, serve, tls_context
+from proxy.status.observers import observe_ctx, observe_tokenizer
+from proxy.sync import state_sync
+from proxy.sync.kv_subscriber import kv_events_ctx
 from proxy.types import Route
-from proxy.upstream import Upstream
+from proxy.upstream.breaker import BreakerPolicy
+from proxy.upstream.client import Upstream
+from proxy.upstream.credentials import ReplicaAuth
+from proxy.warm import api as warm_api
 from routing.router import Router
 
 log = logging.getLogger("kvroute")
@@ -61,7 +55,7 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.health_interval,
         on_removed=router.forget,
         on_restart=router.restart,
-        breaker=settings.breaker_policy(),
+        breaker=BreakerPolicy.of(settings),
         pricing=lambda replica: 1.0 / router.rates.get(replica).prefill_tokens_per_s,
         auth=ReplicaAuth(settings.replica_api_key),
     )
@@ -75,7 +69,8 @@ def build_gateway(settings: Settings) -> Gateway:
 
 
 def _late(gw: Gateway) -> Callable[[str], None]:
-    """What a first-byte wait kept past its deadline on a working replica tells (proxy/liveness.py)."""
+    """What a first-byte wait kept past its deadline on a working replica tells
+    (proxy/upstream/liveness.py)."""
     extended = gw.metrics.first_byte_waits_extended
 
     def late(replica: str) -> None:
@@ -141,9 +136,9 @@ def build_app(settings: Settings) -> web.Application:
     operations.add_routes(app)
     warm_api.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", passthrough.passthrough)
-    admin.add_routes(app)
-    replica_control.add_routes(app)
-    route_preview.add_routes(app)
+    replicas.add_routes(app)
+    control.add_routes(app)
+    preview.add_routes(app)
     return app
 
 

@@ -1,6 +1,6 @@
 """The typed KV events of a replica (sglang-contract.md §6), as routing takes them: pure values.
 
-``proxy/kv_wire.py`` decodes ZMQ frames into these (and re-exports them); ``routing.kv_index`` and the
+``proxy/sync/kv_wire.py`` decodes ZMQ frames into these (and re-exports them); ``routing.kv_index`` and the
 cache model's exact mode consume them, so routing never imports the proxy.
 
 - ``BlockStored``: pages ``block_hashes`` (engine hashes, one per page of ``block_size`` tokens, whose

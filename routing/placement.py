@@ -7,7 +7,7 @@ arrive at r while q's work is still ahead of it the time q's work takes. With, f
     W   = the wait ahead of it: queued prefill and running-slot wait, or KV-memory wait (s)  (routing.ttft)
     λ   = the rate of requests recently routed to r (1/s)
     ρ   = r's recent prefill utilization: the measured fraction of time its engine spent serving
-          prefills (from the first bytes, proxy/load.py), bias-corrected at start-up, capped at
+          prefills (from the first bytes, proxy/fleet/load.py), bias-corrected at start-up, capped at
           max_utilization (0.95)
 
 the delay q imposes on the others is x for each request arriving before r's backlog W + x has drained;

@@ -1,8 +1,8 @@
 """The typed prompt: what the proxy parses out of a request body, once, for routing.
 
-The wire format stops at ``proxy/``: ``proxy/openai.py`` validates a body and builds a ``PromptRequest``;
-``routing.canonical`` renders its ``prompt`` and ``routing.router.Router`` hashes and estimates it. A
-prompt is one of
+The wire format stops at ``proxy/``: ``proxy/front/openai.py`` validates a body and builds a
+``PromptRequest``; ``routing.canonical`` renders its ``prompt`` and ``routing.router.Router`` hashes and
+estimates it. A prompt is one of
 
 - ``ChatPrompt``: the messages in order, the tool schemas and the chat-template options that change
   what the template renders (``chat_template_kwargs``, ``continue_final_message``, ...);

@@ -54,7 +54,7 @@ Row = tuple[float, float, float, float, float, int]  # prefill, host, storage, o
 
 @dataclass(frozen=True, slots=True)
 class SharedRates:
-    """One gateway's own estimates, as shared with the others (``proxy/state_sync.py``)."""
+    """One gateway's own estimates, as shared with the others (``proxy/sync/state_sync.py``)."""
 
     fleet: Row
     replicas: dict[ReplicaId, Row]

@@ -1,4 +1,4 @@
-"""What gateways tell each other through a shared state store, as events (``proxy/state_sync.py``
+"""What gateways tell each other through a shared state store, as events (``proxy/sync/state_sync.py``
 carries them; nothing here does I/O).
 
 Every gateway keeps its own cache model, sessions and pickers and routes on them alone: shared state is

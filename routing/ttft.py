@@ -22,19 +22,19 @@ For a request with P estimated prompt tokens and a candidate whose cache model m
 
 Every term is in seconds, range [0, inf), O(1) per candidate (slot_wait O(decoding) when the slots are
 full). ``inflight_prefill_s`` is the prefill work the proxy has routed to the replica and not seen
-finish, in predicted seconds, minus what the head of the queue has already done (``proxy/load.py``):
+finish, in predicted seconds, minus what the head of the queue has already done (``proxy/fleet/load.py``):
 requests that are only decoding are not in it, they hold up no prefill. They matter only through what they
 hold: past ``max_running_requests`` a new request waits for a decoding one to finish, and so it does when
 the device pool is full. SGLang admits a request only once its uncached prompt and its output reservation
 fit beside what the running requests hold (SGLang's ``PrefillAdder`` charges the new request its whole
 budget and each running one ``new_token_ratio`` x the budget it has left, both clipped at 4096; the emulator
 reserves every request's whole output and reports a ratio of 1; the gateway counts a running request's
-budget at its replica's scraped ratio, ``proxy/load.py``). With slow decode (a datacenter profile at batch
-32: ~12 tokens/s per sequence) the pool, not the prefill engine, is what unique prompts wait for: a replica
-whose running requests hold long budgets admits nothing for seconds while its prefill queue is empty. Memory
-and the prefill queue overlap in time (the queue ahead drains while decoders free memory), so they combine
-by max. The cached prefixes that running requests lock are not counted (counting each locked block once was
-tried and gained nothing: bench/README, "KV memory in the predicted TTFT").
+budget at its replica's scraped ratio, ``proxy/fleet/load.py``). With slow decode (a datacenter profile at
+batch 32: ~12 tokens/s per sequence) the pool, not the prefill engine, is what unique prompts wait for: a
+replica whose running requests hold long budgets admits nothing for seconds while its prefill queue is empty.
+Memory and the prefill queue overlap in time (the queue ahead drains while decoders free memory), so they
+combine by max. The cached prefixes that running requests lock are not counted (counting each locked block
+once was tried and gained nothing: bench/README, "KV memory in the predicted TTFT").
 
 The default policy's scorer (``routing.placement``) computes the terms once per candidate and keeps
 them in its ``Scored`` entries; the chosen candidate's terms become the request's ``Prediction``.

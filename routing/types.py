@@ -65,7 +65,7 @@ class ReplicaState:
     draining: bool = False
     inflight_requests: int = 0
     inflight_prefill_tokens: int = 0  # predicted uncached prompt tokens routed there, no first token yet
-    inflight_prefill_s: float = 0.0  # predicted prefill work queued there, seconds (proxy/load.py)
+    inflight_prefill_s: float = 0.0  # predicted prefill work queued there, seconds (proxy/fleet/load.py)
     # (s decoded, output budget, KV tokens held) per decoding request, only filled when the running slots
     # are full (max_running_requests) or the KV held fills half the pool: when a slot or memory frees
     decoding: tuple[tuple[float, int, int], ...] = ()

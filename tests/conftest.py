@@ -30,10 +30,10 @@ from emulator.config import parse_args
 from emulator.replica import REPLICA, Replica
 from emulator.server import build_app as build_emulator
 from emulator.server import make_runner
+from proxy.config.settings import Settings
 from proxy.context import GATEWAY, Gateway
+from proxy.runtime.serving import GatewayRunner
 from proxy.server import build_app as build_gateway
-from proxy.serving import GatewayRunner
-from proxy.settings import Settings
 
 MODEL = "emu-model"
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")

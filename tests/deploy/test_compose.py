@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from emulator.config import parse_args
-from proxy.settings import load_settings
+from proxy.config.settings import load_settings
 from tests.deploy.manifests import COMPOSE, caching_flags, compose, env_file, launch_argv
 
 THEIRS = ("../prometheus/", "../grafana")  # the metrics helper's files: mounted here, written there

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from emulator.config import parse_args
-from proxy.settings import load_settings
+from proxy.config.settings import load_settings
 from tests.deploy.manifests import caching_flags, env_file, kustomize, launch_argv, one
 
 RENDERS = ("base", "overlays/gpu", "overlays/cpu")

@@ -17,8 +17,8 @@ import pytest
 from tests.conftest import Emulators, StartGateway
 from tests.deploy.prometheus_bin import prometheus_or_skip
 from tests.proxy.conftest import EMU_FLAGS
+from tests.proxy.observe.test_metrics import chat
 from tests.proxy.prom import samples
-from tests.proxy.test_metrics import chat
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "kvroute.json"

@@ -15,7 +15,7 @@ from diag.status_view import BAR_CELLS, bar, render, sparkline
 from tests.conftest import Emulators, StartGateway
 from tests.diag.test_errors import closed_port, run
 from tests.proxy.conftest import EMU_FLAGS, PLAIN_FLAGS
-from tests.proxy.test_metrics import chat
+from tests.proxy.observe.test_metrics import chat
 
 
 async def _fleet(emulator_server: Emulators, gateway: StartGateway) -> tuple[str, str, str]:

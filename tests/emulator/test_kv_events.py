@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from emulator.config import parse_args
 from emulator.kv_events import binds, offset_endpoint
-from proxy.kv_wire import (
+from proxy.sync.kv_wire import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -1,5 +1,5 @@
-"""Bad inputs for the gateway and the checks every answer to one must pass (tests/proxy/test_bad_input.py,
-tests/proxy/test_fuzz.py and ``bench.fuzz`` share them)."""
+"""Bad inputs for the gateway and the checks every answer to one must pass
+(tests/proxy/front/test_bad_input.py, tests/proxy/front/test_fuzz.py and ``bench.fuzz`` share them)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.settings import SettingsError, load_settings
+from proxy.config.settings import SettingsError, load_settings
 from tests.conftest import Emulators, StartGateway, wait_for
 from tests.proxy.conftest import EMU_FLAGS, MODEL, StackFactory
 

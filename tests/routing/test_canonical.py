@@ -1,6 +1,6 @@
 """Canonical prompt rendering: determinism, prefix growth, and what goes into the prefix.
 
-Bodies go through the proxy's one parse (``proxy.openai.parse_request``) into typed prompts, which
+Bodies go through the proxy's one parse (``proxy.front.openai.parse_request``) into typed prompts, which
 ``routing.canonical.render`` renders: together they are what decides a request's block hashes."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.openai import parse_request
+from proxy.front.openai import parse_request
 from proxy.types import Route
 from routing.canonical import namespace_salt, render
 from routing.prompt import ChatPrompt, Namespace, TextPrompt

@@ -1,0 +1,233 @@
+"""The fleet: which replicas exist, which are healthy, what each holds and how loaded it is.
+
+- Replicas come from settings (``--backend``) and the admin API (add, remove, drain).
+- A replica joins the pool once ``/health`` answers 200 *and* ``/get_server_info`` (+ ``/get_model_info``)
+  was read (served model, KV capacity, page size, HiCache settings, hybrid, start time). Info is
+  re-read every ``INFO_REFRESH_CHECKS`` health checks and whenever a replica comes back.
+- Active health checks every ``health_interval``: ``FAILURE_THRESHOLD`` consecutive failures take a
+  replica out; one success (plus fresh info) brings it back. A request that cannot connect marks the
+  replica unhealthy at once (passive check), so traffic moves on without waiting for the poller.
+- A restart (``startup_time`` changed, or a return after a health flap from a replica that reports no
+  start time, so a restart cannot be ruled out) calls ``on_restart(replica)``: the prefix index drops
+  its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
+  kept its cache, and nothing is dropped. Removing a replica calls ``on_removed(replica)``.
+- Passive checks (``proxy/upstream/breaker.py``): each replica has a circuit breaker fed by the outcomes of
+real
+  requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
+  false), a half-open one lets one trial through (``admit``). A good active check closes a half-open
+  breaker; a replica that comes back from unhealthy, or restarted, starts with a closed one.
+- Load: ``acquire`` gives each routed request a ``Lease`` on its replica's load and ``snapshot`` the
+  routing view of every replica serving a model (``proxy/fleet/replica.py``: the replica record, its
+  snapshot in work priced at its current learned rate, and the lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from proxy.errors import UpstreamError
+from proxy.fleet.health_log import HealthLog
+from proxy.fleet.load import TrafficEpoch, Work
+from proxy.fleet.replica import Lease, Pricing, Replica, nothing
+from proxy.fleet.replica_info import parse_replica_info
+from proxy.upstream.breaker import BreakerPolicy
+from proxy.upstream.client import Upstream
+from proxy.upstream.credentials import ReplicaAuth, replica_id_of
+from routing.tiers import tier_warnings
+from routing.types import ReplicaId, ReplicaState
+
+log = logging.getLogger("kvroute.fleet")
+FAILURE_THRESHOLD = 2
+INFO_REFRESH_CHECKS = 12
+HEALTH_TIMEOUT_S = 5.0
+
+
+def _nobody(replica: ReplicaId) -> None:
+    pass
+
+
+class Fleet:
+    def __init__(
+        self,
+        urls: Iterable[str],
+        health_interval: float,
+        on_removed: Callable[[ReplicaId], None],
+        on_restart: Callable[[ReplicaId], None],
+        breaker: BreakerPolicy | None = None,
+        pricing: Pricing | None = None,
+        auth: ReplicaAuth | None = None,
+    ) -> None:
+        self._replicas: dict[ReplicaId, Replica] = {}
+        self.auth = auth or ReplicaAuth()  # credentials per replica id (``proxy/upstream/credentials.py``)
+        self._breaker = breaker
+        self._pricing = pricing
+        self._interval = health_interval
+        self._on_removed = on_removed
+        self._on_restart = on_restart
+        self._health = HealthLog(health_interval)
+        self._checks = 0
+        self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
+        self.load_changed: Callable[[], None] = nothing  # called when a lease's load changes
+        self.live_arrived: Callable[[ReplicaId], None] = _nobody  # a live request sent to a replica
+        for url in urls:
+            self.add(url)
+
+    # ---- membership (admin API) ----
+    def add(self, url: str) -> Replica:
+        """The replica at ``url`` (added when new); its id is the URL without credentials."""
+        rid = self.auth.register(url)
+        replica = self._replicas.get(rid)
+        if replica is None:
+            replica = Replica(rid, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
+            self._replicas[replica.id] = replica
+        return replica
+
+    def remove(self, rid: ReplicaId) -> bool:
+        replica = self._replicas.pop(replica_id_of(rid), None)
+        if replica is not None:
+            self.auth.forget(replica.id)
+            self._on_removed(replica.id)
+        return replica is not None
+
+    def drain(self, rid: ReplicaId, draining: bool) -> bool:
+        replica = self._replicas.get(replica_id_of(rid))
+        if replica is not None:
+            replica.draining = draining
+        return replica is not None
+
+    def note_scrape(self, replica_id: ReplicaId, gauges: Mapping[str, float]) -> None:
+        """A replica's scraped gauges: its ``new_token_ratio`` is the part of their output budget that
+        its running requests are charged for memory (``proxy/fleet/load.py``)."""
+        r, ratio = self.get(replica_id), gauges.get("new_token_ratio")
+        if r is not None and ratio is not None:
+            r.running_reserve = min(max(ratio, 0.0), 1.0)
+
+    def get(self, rid: ReplicaId) -> Replica | None:
+        return self._replicas.get(rid) or self._replicas.get(replica_id_of(rid))
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas.values())
+
+    # ---- routing inputs ----
+    def models(self) -> set[str]:
+        return {r.info.served_model for r in self._replicas.values() if r.info is not None}
+
+    def serves(self, replica: Replica, model: str | None) -> bool:
+        if model is None or replica.info is None:
+            return replica.info is not None
+        served = replica.info.served_model
+        return model == served or model.split(":", 1)[0] == served
+
+    def snapshot(self, model: str | None) -> list[ReplicaState]:
+        """States of the replicas that serve ``model`` (any model when None), all at one instant."""
+        now = time.monotonic()
+        return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
+
+    def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
+        lease = Lease(self._replicas[replica_id], work, self.load_changed)
+        if work.live:
+            self.live_arrived(replica_id)  # the warm-up worker preempts its step there
+        return lease
+
+    def admits(self, replica_id: ReplicaId) -> bool:
+        """Would ``admit`` let a request through now (without claiming a half-open trial)?"""
+        replica = self._replicas.get(replica_id)
+        return replica is not None and replica.breaker.admits(time.monotonic())
+
+    def admit(self, replica_id: ReplicaId) -> bool:
+        """May a request be sent to the replica now (its breaker closed, or this is its half-open trial)?"""
+        replica = self._replicas.get(replica_id)
+        return replica is not None and replica.breaker.acquire(time.monotonic())
+
+    def outcome(self, replica_id: ReplicaId, ok: bool | None, reason: str = "") -> None:
+        """What an attempt met: a good answer (True), a failure (False) or no verdict (None)."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return
+        b = replica.breaker
+        if ok is None:
+            b.release()
+        elif ok:
+            b.success()
+        elif b.failure(time.monotonic(), may_trip=self._may_eject()):
+            log.warning("replica %s: circuit breaker open after %s (trip %d)", replica_id, reason, b.streak)
+            replica.last_error = reason
+
+    def _may_eject(self) -> bool:
+        """Another breaker may open while at most half of the replicas are ejected and one is left."""
+        now = time.monotonic()
+        ejected = sum(not r.breaker.admits(now) for r in self._replicas.values())
+        return ejected + 1 <= len(self._replicas) // 2
+
+    def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None and replica.healthy:
+            self._health.failed(replica_id, reason, was_healthy=True)
+            replica.healthy = False
+            replica.failures = FAILURE_THRESHOLD
+            replica.last_error = reason
+
+    # ---- active checks ----
+    async def check_all(self, upstream: Upstream) -> None:
+        refresh = self._checks % INFO_REFRESH_CHECKS == 0
+        self._checks += 1
+        await asyncio.gather(*(self.check(upstream, r, refresh) for r in list(self._replicas.values())))
+        self._health.fleet(sum(r.healthy for r in self._replicas.values()), len(self._replicas))
+
+    async def check(self, upstream: Upstream, replica: Replica, refresh: bool = False) -> None:
+        try:
+            status, _ = await upstream.call(replica.id, "GET", "/health", HEALTH_TIMEOUT_S)
+            if status != 200:
+                raise UpstreamError(f"/health returned HTTP {status}")
+            if refresh or replica.info is None or not replica.healthy:
+                await self._refresh_info(upstream, replica)
+        except UpstreamError as e:
+            self._failed(replica, e.message)
+            return
+        if not replica.healthy:
+            self._health.recovered(replica.id, replica.info.served_model if replica.info else "?")
+            replica.breaker.reset()
+        else:
+            replica.breaker.probe_ok(time.monotonic())
+        replica.healthy, replica.failures, replica.last_error = True, 0, None
+
+    async def _refresh_info(self, upstream: Upstream, replica: Replica) -> None:
+        info = await upstream.get_json(replica.id, "/get_server_info", HEALTH_TIMEOUT_S)
+        if not isinstance(info, dict):
+            raise UpstreamError("/get_server_info is not a JSON object")
+        try:  # best effort: only the hybrid flag comes from here
+            model_info = await upstream.get_json(replica.id, "/get_model_info", HEALTH_TIMEOUT_S)
+        except UpstreamError:
+            model_info = {}
+        new = parse_replica_info(info, model_info if isinstance(model_info, dict) else {})
+        old, replica.info = replica.info, new
+        if old != new:
+            for warning in tier_warnings(replica.state()):
+                log.warning("replica %s: %s", replica.id, warning)
+        if old is None:
+            return
+        if old.started_at and new.started_at and old.started_at != new.started_at:
+            log.info("replica %s restarted: dropping its GPU and host tiers", replica.id)
+            replica.breaker.reset()
+            self._on_restart(replica.id)
+        elif not replica.healthy and not (old.started_at and new.started_at):
+            log.info("replica %s returned without a start time: assuming a restart", replica.id)
+            self._on_restart(replica.id)
+
+    def _failed(self, replica: Replica, reason: str) -> None:
+        """A failed check: logged (``proxy.fleet.health_log``); a healthy replica leaves the pool after
+        ``FAILURE_THRESHOLD`` in a row."""
+        replica.failures += 1
+        replica.last_error = reason
+        if not replica.healthy or replica.failures >= FAILURE_THRESHOLD:
+            self._health.failed(replica.id, reason, was_healthy=replica.healthy)
+            replica.healthy = False
+
+    async def run(self, upstream: Upstream) -> None:
+        """The health/info poller; runs until cancelled."""
+        while True:
+            await self.check_all(upstream)
+            await asyncio.sleep(self._interval)

@@ -1,0 +1,9 @@
+"""What the gateway learns from outside its own requests: other gateways' state and replicas' KV events.
+
+Here: ``state_sync`` (the publisher and reader loops over a state store), ``state_store`` and ``redis_store``
+(the store seam: memory, Redis), ``shared_docs`` (load, rates and warm-ups other gateways see),
+``kv_subscriber``, ``kv_feed`` and ``kv_wire`` (SGLang's KV events: subscriptions, one replica's feed,
+the wire format).
+
+May import: ``context``, ``fleet``, ``upstream``.
+"""

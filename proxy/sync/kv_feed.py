@@ -1,0 +1,220 @@
+"""One replica's KV-event feed: a pyzmq asyncio SUB, sequence tracking, replay of gaps, into the Router.
+
+``KvFeed.run`` reads ``[topic, seq, payload]`` messages (``proxy/sync/kv_wire.py``) from the replica's PUB
+endpoint, subscribed to the config's ``topic`` (the SUB connects to a PUB that binds, and binds the
+address a connecting PUB names, ``publisher_binds``). ``SeqTracker`` classifies each batch's seq against the
+last one applied:
+
+- ``next`` (last + 1), or ``first`` (nothing applied yet): applied;
+- ``gap`` (beyond last + 1; a first seq > 0 is a gap from 0, a SUB that joined late): the missing
+  batches are asked from the replay endpoint (DEALER -> ROUTER, ``replay_request(last + 1)``; replies
+  until the end marker, within ``REPLAY_TIMEOUT_S``) and applied in order; if some cannot be had (no
+  replay endpoint, a trimmed buffer, a time-out) the Router is told ``kv_reset(replica, "gap")``
+  (a late join without a replay endpoint is not a reset: nothing was known before);
+- ``restart`` (seq <= last: a new publisher counts from 0 again): ``kv_reset(replica, "restart")``,
+  then applied.
+
+Batches go to ``Router.apply_kv_events`` on the event loop (the Router is synchronous): its cost is
+measured (``apply_s``). A large message is decoded in a thread first (``decode_off_loop``). Undecodable
+messages are counted (``decode_errors``) and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import zmq
+import zmq.asyncio
+
+from proxy.sync.kv_wire import WireError, decode_message, decode_replay, replay_request
+from routing.kv_events import EventBatch
+from routing.types import ReplicaId
+
+log = logging.getLogger("kvroute.kv_events")
+REPLAY_TIMEOUT_S = 2.0
+THREAD_BYTES = 64 << 10  # a message this large is decoded in a thread (a 40K-token store: ~370 KB, ~18 ms)
+
+
+@dataclass(slots=True)
+class FeedStats:
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replayed_batches: int = 0
+    resets: int = 0
+    decode_errors: int = 0
+    last_seq: int = -1
+    lag_s: float = 0.0  # receive time - publish time of the last live batch
+    apply_s: float = 0.0  # seconds spent in Router.apply_kv_events, in total
+
+
+class SeqTracker:
+    """The last applied seq, and what a new one means (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+
+    def classify(self, seq: int) -> str:
+        if self.last is None:
+            return "first" if seq == 0 else "gap"
+        if seq == self.last + 1:
+            return "next"
+        return "gap" if seq > self.last else "restart"
+
+    def missing_from(self) -> int:
+        return 0 if self.last is None else self.last + 1
+
+
+Apply = Callable[[EventBatch], None]
+Reset = Callable[[str], None]
+
+
+class KvFeed:
+    """The subscription of one replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        replica: ReplicaId,
+        endpoint: str,
+        bind: bool,
+        replay_endpoint: str | None,
+        topic: str,
+        apply: Apply,
+        reset: Reset,
+    ) -> None:
+        self.replica = replica
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.stats = FeedStats()
+        self.seq = SeqTracker()
+        self._ctx = ctx
+        self._apply = apply
+        self._reset = reset
+        self._sub = ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        (self._sub.bind if bind else self._sub.connect)(endpoint)
+
+    async def run(self) -> None:
+        """Reads and applies batches until cancelled."""
+        while True:
+            frames = await self._sub.recv_multipart()
+            try:
+                batch = await decode_off_loop(frames)
+            except WireError as exc:
+                self.stats.decode_errors += 1
+                log.warning("KV event from %s not decoded: %s", self.replica, exc)
+                continue
+            if batch.topic != self.topic:  # a longer topic that merely starts with ours
+                continue
+            await self.accept(batch, time.time())
+
+    async def accept(self, batch: EventBatch, now: float) -> None:
+        """One live batch: gap or restart handling first, then applied."""
+        self.stats.lag_s = max(0.0, now - batch.ts)
+        kind = self.seq.classify(batch.seq)
+        if kind == "restart":
+            self._reset_model("restart")
+        elif kind == "gap":
+            await self._fill(batch.seq)
+        self._apply_one(batch)
+
+    def close(self) -> None:
+        self._sub.close(linger=0)
+
+    async def _fill(self, upto: int) -> None:
+        """Replays the batches before ``upto``; a model reset when some cannot be had."""
+        start, late_join = self.seq.missing_from(), self.seq.last is None
+        if not late_join:
+            self.stats.gaps += 1
+        got = await self._replay(start, upto) if self.replay_endpoint else []
+        if [b.seq for b in got] == list(range(start, upto)):
+            for b in got:
+                self._apply_one(b)
+            return
+        if not late_join or self.replay_endpoint:
+            self._reset_model("gap")
+
+    async def _replay(self, start: int, upto: int) -> list[EventBatch]:
+        """Batches ``start .. upto - 1`` from the replay endpoint (fewer on a time-out or a short buffer)."""
+        assert self.replay_endpoint is not None
+        self.stats.replays += 1
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        got: list[EventBatch] = []
+        try:
+            sock.connect(self.replay_endpoint)
+            await sock.send_multipart([b"", replay_request(start)])
+            async with asyncio.timeout(REPLAY_TIMEOUT_S):
+                while (b := decode_replay(await sock.recv_multipart())) is not None:
+                    if start <= b.seq < upto:
+                        got.append(b)
+        except (TimeoutError, WireError, zmq.ZMQError) as exc:
+            log.warning("KV event replay from %s failed: %s", self.replica, exc or "timed out")
+        finally:
+            sock.close(linger=0)
+        self.stats.replayed_batches += len(got)
+        return got
+
+    def _apply_one(self, batch: EventBatch) -> None:
+        t0 = time.perf_counter()
+        self._apply(batch)
+        self.stats.apply_s += time.perf_counter() - t0
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self.stats.last_seq = batch.seq
+        self.seq.last = batch.seq
+
+    def _reset_model(self, reason: str) -> None:
+        self.stats.resets += 1
+        log.warning("KV events of %s: %s, the cache model resets", self.replica, reason)
+        self._reset(reason)
+
+
+async def decode_off_loop(frames: list[bytes]) -> EventBatch:
+    """``decode_message``, in a thread for a message of ``THREAD_BYTES`` or more: the decoder holds the
+    GIL, but the interpreter hands it back to the event loop every switch interval (5 ms), so a long
+    prompt's store (thousands of pages in one batch) no longer stalls the loop for the whole decode.
+    Batches stay in order: the feed awaits each decode before it reads the next message."""
+    if sum(map(len, frames)) < THREAD_BYTES:
+        return decode_message(frames)
+    return await asyncio.to_thread(decode_message, frames)
+
+
+def publisher_binds(endpoint: str) -> bool:
+    """SGLang's rule: its PUB binds a wildcard address or a local transport (the subscriber connects),
+    else it connects (the subscriber binds that address)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def connect_endpoint(endpoint: str, replica_url: str) -> str:
+    """The address a subscriber uses: a wildcard host (``*``, ``0.0.0.0``, ``[::]``) in a ``tcp://``
+    endpoint means the replica's own host; any other endpoint is used as it is."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    if host in ("*", "0.0.0.0", "[::]", "::", ""):
+        host = _url_host(replica_url)
+    return f"tcp://{host}{sep}{port}"
+
+
+def _url_host(url: str) -> str:
+    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):
+        return rest[: rest.index("]") + 1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
+
+
+async def stop(feed: KvFeed, task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    feed.close()

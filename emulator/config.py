@@ -17,6 +17,9 @@ token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
            plus one page (as SGLang's host pool);
     mamba slots (hybrid) = --max-mamba-cache-size (15), host slots = ratio x that.
 
+Prefill/decode disaggregation (`--disaggregation-mode`, ...) is parsed by emulator/pd_config.py; with
+`--replicas N` prefill replica i runs its bootstrap server on `--disaggregation-bootstrap-port` + i.
+
 Two defaults differ from SGLang's on purpose, so that clients work without extra flags: the served model
 name is the short id "kvroute-emu" (SGLang: the model path, an absolute path here; the model path itself
 still names the shipped tokenizer directory, which sglang-router loads), and tool calls are parsed
@@ -32,8 +35,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from emulator import pd_config
 from emulator.kv_events import KvEventsConfig
 from emulator.kv_recorder import FORMATS as KV_EVENT_FORMATS
+from emulator.pd_config import PdConfig
 from emulator.timing import PROFILES
 from emulator.tokenizer_kind import KINDS as TOKENIZER_KINDS
 
@@ -98,6 +103,7 @@ class EmulatorConfig:
     emu_kv_events_format: str = "0.5.10"
     emu_tokenizer: str = "pseudo"
     replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
+    pd: PdConfig = field(default_factory=PdConfig)  # --disaggregation-* (pd_config.py)
     ignored_flags: tuple[str, ...] = field(default=())
 
     def with_port(self, port: int) -> EmulatorConfig:
@@ -111,6 +117,12 @@ class EmulatorConfig:
         if self.kv_events is None or not self.kv_events.enabled:
             return None
         return self.kv_events.for_replica(self.replica_index)
+
+    @property
+    def bootstrap_port(self) -> int:
+        """This replica's PD bootstrap port (a prefill's; 0: any free port)."""
+        base = self.pd.bootstrap_port
+        return base + self.replica_index if base else 0
 
     @property
     def gpu_tokens(self) -> int:
@@ -229,6 +241,7 @@ def _parser() -> argparse.ArgumentParser:
         help="pseudo: the built-in pseudo-tokenizer and ChatML renderer; hf: --tokenizer-path's "
         "tokenizer.json and jinja2 chat_template, as SGLang tokenizes (emulator/hf_tokenizer.py)",
     )
+    pd_config.add_flags(p)
     return p
 
 
@@ -280,9 +293,11 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events = None if ns.kv_events_config is None else KvEventsConfig.parse(ns.kv_events_config)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"kvroute emulate: {exc}") from exc
+    pd = pd_config.from_namespace(ns, ns.hicache)
+    ports = _ports(ns)
     cfg = EmulatorConfig(
         host=ns.host,
-        ports=_ports(ns),
+        ports=ports,
         model_path=ns.model_path,
         served_model_name=ns.served_model_name or SERVED_MODEL_NAME,
         tokenizer_path=_tokenizer_dir(ns.emu_tokenizer, ns.tokenizer_path or ns.model_path),
@@ -301,7 +316,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         hicache_mem_layout=ns.hicache_mem_layout,
         enable_metrics=ns.enable_metrics,
         enable_cache_report=ns.enable_cache_report,
-        disable_radix_cache=ns.disable_radix_cache,
+        disable_radix_cache=ns.disable_radix_cache or pd.mode == "decode",  # SGLang forces it on decode
         schedule_policy=ns.schedule_policy,
         max_mamba_cache_size=ns.max_mamba_cache_size,
         mamba_scheduler_strategy=ns.mamba_scheduler_strategy,
@@ -329,6 +344,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events=kv_events,
         emu_kv_events_format=ns.emu_kv_events_format,
         emu_tokenizer=ns.emu_tokenizer,
+        pd=pd,
         ignored_flags=_ignored(rest),
     )
     return cfg

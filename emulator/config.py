@@ -17,8 +17,9 @@ token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
            plus one page (as SGLang's host pool);
     mamba slots (hybrid) = --max-mamba-cache-size (15), host slots = ratio x that.
 
-Prefill/decode disaggregation (`--disaggregation-mode`, ...) is parsed by emulator/pd_config.py; with
-`--replicas N` prefill replica i runs its bootstrap server on `--disaggregation-bootstrap-port` + i.
+Prefill/decode disaggregation (`--disaggregation-mode`, ...) is parsed by emulator/pd_config.py. Ports of
+`--replicas N`: replica i takes HTTP port + i, bootstrap port + i and the KV-event ports + i*S (S keeps
+publisher and replay ports apart); a layout that reuses a port is refused (emulator/port_plan.py).
 
 Two defaults differ from SGLang's on purpose, so that clients work without extra flags: the served model
 name is the short id "kvroute-emu" (SGLang: the model path, an absolute path here; the model path itself
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from emulator import pd_config
+from emulator import pd_config, port_plan
 from emulator.kv_events import KvEventsConfig
 from emulator.kv_recorder import FORMATS as KV_EVENT_FORMATS
 from emulator.pd_config import PdConfig
@@ -103,6 +104,7 @@ class EmulatorConfig:
     emu_kv_events_format: str = "0.5.10"
     emu_tokenizer: str = "pseudo"
     replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
+    kv_port_stride: int = 1  # KV-event ports of replica i: + i * this (port_plan.py)
     pd: PdConfig = field(default_factory=PdConfig)  # --disaggregation-* (pd_config.py)
     ignored_flags: tuple[str, ...] = field(default=())
 
@@ -116,7 +118,7 @@ class EmulatorConfig:
         """This replica's KV-event endpoints when publishing is on (ports offset by replica_index)."""
         if self.kv_events is None or not self.kv_events.enabled:
             return None
-        return self.kv_events.for_replica(self.replica_index)
+        return self.kv_events.for_replica(self.replica_index, self.kv_port_stride)
 
     @property
     def bootstrap_port(self) -> int:
@@ -166,7 +168,15 @@ def _parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=None)
-    add("--replicas", type=int, default=1)
+    add(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replica i serves HTTP on --port + i, a prefill's bootstrap server on "
+        "--disaggregation-bootstrap-port + i, and KV events on the endpoint's and the replay endpoint's "
+        "ports + i*S (S = 1, or |replay - endpoint| + 1 when that would reuse a port); a layout that "
+        "reuses a port is refused (emulator/port_plan.py)",
+    )
     add("--ports", default=None, help="comma-separated ports, one replica each")
     add("--model-path", "--model", default=str(MODEL_DIR))
     add(
@@ -227,7 +237,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--emu-enable-faults", action="store_true")
     add("--emu-debug", action="store_true")
     add("--emu-seed", type=int, default=0)
-    add("--kv-events-config", default=None, help="SGLang's KV-event publisher, JSON (emulator/kv_events.py)")
+    add(
+        "--kv-events-config",
+        default=None,
+        help="SGLang's KV-event publisher, JSON (emulator/kv_events.py); replica i publishes on the "
+        "endpoint's port + i*S and replays on the replay endpoint's port + i*S (see --replicas)",
+    )
     add(
         "--emu-kv-events-format",
         choices=KV_EVENT_FORMATS,
@@ -277,6 +292,17 @@ def _ports(ns: argparse.Namespace) -> tuple[int, ...]:
 
 def _or_profile(value: int | None, default: int) -> int:
     return default if value is None else value
+
+
+def _kv_stride(ports: Sequence[int], pd: PdConfig, kv_events: KvEventsConfig | None) -> int:
+    """The KV-event port stride of the replicas (port_plan.py); SystemExit when their ports clash."""
+    stride = port_plan.kv_stride(kv_events, len(ports))
+    bootstrap = pd.bootstrap_port if pd.mode == "prefill" else None
+    try:
+        port_plan.check(ports, bootstrap, kv_events, stride)
+    except ValueError as exc:
+        raise SystemExit(f"kvroute emulate: {exc}") from exc
+    return stride
 
 
 def parse_args(argv: Sequence[str]) -> EmulatorConfig:
@@ -344,6 +370,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events=kv_events,
         emu_kv_events_format=ns.emu_kv_events_format,
         emu_tokenizer=ns.emu_tokenizer,
+        kv_port_stride=_kv_stride(ports, pd, kv_events),
         pd=pd,
         ignored_flags=_ignored(rest),
     )

@@ -75,11 +75,11 @@ def server_args(replica: Replica) -> dict[str, Any]:
 
 def kv_events_config(replica: Replica) -> str | None:
     """The --kv-events-config JSON as this replica runs it (SGLang reports the flag's string): every
-    field, with this replica's endpoints (the ports offset by its index among --replicas)."""
+    field, with this replica's endpoints (the ports offset by its index among --replicas, port_plan.py)."""
     c = replica.cfg
     if c.kv_events is None:
         return None
-    return json.dumps(dataclasses.asdict(c.kv_events.for_replica(c.replica_index)))
+    return json.dumps(dataclasses.asdict(c.kv_events.for_replica(c.replica_index, c.kv_port_stride)))
 
 
 def memory_usage(replica: Replica) -> dict[str, Any]:

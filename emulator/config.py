@@ -105,13 +105,15 @@ class EmulatorConfig:
     emu_tokenizer: str = "pseudo"
     replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
     kv_port_stride: int = 1  # KV-event ports of replica i: + i * this (port_plan.py)
-    pd: PdConfig = field(default_factory=PdConfig)  # --disaggregation-* (pd_config.py)
+    pd: PdConfig = field(default_factory=PdConfig)  # --disaggregation-* (pd_config.py); mode: this replica's
+    pd_modes: tuple[str, ...] = ()  # the mode of every replica of the process, in port order
     ignored_flags: tuple[str, ...] = field(default=())
 
     def with_port(self, port: int) -> EmulatorConfig:
         """The config of the replica on `port` (one app per port)."""
         index = self.replica_index + (self.ports.index(port) if port in self.ports else 0)
-        return replace(self, ports=(port,), replica_index=index)
+        mode = self.pd_modes[index] if index < len(self.pd_modes) else self.pd.mode
+        return replace(self, ports=(port,), replica_index=index, pd=replace(self.pd, mode=mode))
 
     @property
     def replica_kv_events(self) -> KvEventsConfig | None:
@@ -294,12 +296,13 @@ def _or_profile(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-def _kv_stride(ports: Sequence[int], pd: PdConfig, kv_events: KvEventsConfig | None) -> int:
+def _kv_stride(ports: Sequence[int], pd: PdConfig, modes: Sequence[str], kv: KvEventsConfig | None) -> int:
     """The KV-event port stride of the replicas (port_plan.py); SystemExit when their ports clash."""
-    stride = port_plan.kv_stride(kv_events, len(ports))
-    bootstrap = pd.bootstrap_port if pd.mode == "prefill" else None
+    stride = port_plan.kv_stride(kv, len(ports))
+    base = pd.bootstrap_port
+    bootstraps = [base + i if base and mode == "prefill" else None for i, mode in enumerate(modes)]
     try:
-        port_plan.check(ports, bootstrap, kv_events, stride)
+        port_plan.check(ports, bootstraps, kv, stride)
     except ValueError as exc:
         raise SystemExit(f"kvroute emulate: {exc}") from exc
     return stride
@@ -319,8 +322,9 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events = None if ns.kv_events_config is None else KvEventsConfig.parse(ns.kv_events_config)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"kvroute emulate: {exc}") from exc
-    pd = pd_config.from_namespace(ns, ns.hicache)
     ports = _ports(ns)
+    modes = pd_config.modes(ns, len(ports))
+    pd = pd_config.from_namespace(ns, ns.hicache, modes)
     cfg = EmulatorConfig(
         host=ns.host,
         ports=ports,
@@ -342,7 +346,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         hicache_mem_layout=ns.hicache_mem_layout,
         enable_metrics=ns.enable_metrics,
         enable_cache_report=ns.enable_cache_report,
-        disable_radix_cache=ns.disable_radix_cache or pd.mode == "decode",  # SGLang forces it on decode
+        disable_radix_cache=ns.disable_radix_cache,
         schedule_policy=ns.schedule_policy,
         max_mamba_cache_size=ns.max_mamba_cache_size,
         mamba_scheduler_strategy=ns.mamba_scheduler_strategy,
@@ -370,8 +374,9 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events=kv_events,
         emu_kv_events_format=ns.emu_kv_events_format,
         emu_tokenizer=ns.emu_tokenizer,
-        kv_port_stride=_kv_stride(ports, pd, kv_events),
+        kv_port_stride=_kv_stride(ports, pd, modes, kv_events),
         pd=pd,
+        pd_modes=modes,
         ignored_flags=_ignored(rest),
     )
     return cfg

@@ -1,6 +1,8 @@
 """Flags of prefill/decode (PD) disaggregation (pd-contract.md §2.1, §3) → one frozen PdConfig.
 
-SGLang's own flags: `--disaggregation-mode null|prefill|decode` (default null), `--disaggregation-transfer-
+SGLang's own flags: `--disaggregation-mode null|prefill|decode` (default null; the emulator also takes a
+comma-separated list, one mode per replica of `--replicas`/`--ports`, so that one process can serve
+prefills and decodes that pair in-process), `--disaggregation-transfer-
 backend` (mooncake; `fake` is decode-only, as SGLang asserts), `--disaggregation-bootstrap-port` (8998, the
 prefill's bootstrap server; with `--replicas N` replica i listens on port + i, see port_plan.py),
 `--disaggregation-ib-device`, `--num-reserved-decode-tokens` (512) and `--load-balance-method` (auto:
@@ -83,7 +85,11 @@ class PdConfig:
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
-    add("--disaggregation-mode", choices=MODES, default="null")
+    add(
+        "--disaggregation-mode",
+        default="null",
+        help="null, prefill or decode (SGLang's); or one of them per replica, comma-separated",
+    )
     add("--disaggregation-transfer-backend", choices=TRANSFER_BACKENDS, default="mooncake")
     add(
         "--disaggregation-bootstrap-port",
@@ -119,12 +125,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def from_namespace(ns: argparse.Namespace, hicache: bool) -> PdConfig:
-    """The PD config of parsed flags; SystemExit for a combination SGLang refuses."""
-    mode = str(ns.disaggregation_mode)
-    if mode == "prefill" and ns.disaggregation_transfer_backend == "fake":
+def modes(ns: argparse.Namespace, replicas: int) -> tuple[str, ...]:
+    """The mode of each replica: one for all, or one each (a comma-separated list of `replicas` modes)."""
+    given = tuple(m.strip() for m in str(ns.disaggregation_mode).split(","))
+    if any(m not in MODES for m in given):
+        raise SystemExit(
+            f"kvroute emulate: --disaggregation-mode takes {', '.join(MODES)} (or one per replica)"
+        )
+    if len(given) not in (1, replicas):
+        raise SystemExit(
+            f"kvroute emulate: --disaggregation-mode lists {len(given)} modes for {replicas} replicas"
+        )
+    return given * replicas if len(given) == 1 else given
+
+
+def from_namespace(ns: argparse.Namespace, hicache: bool, modes: tuple[str, ...]) -> PdConfig:
+    """The PD config of parsed flags (`mode`: the first replica's); SystemExit for what SGLang refuses."""
+    if "prefill" in modes and ns.disaggregation_transfer_backend == "fake":
         raise SystemExit("kvroute emulate: --disaggregation-transfer-backend fake is for decode servers only")
-    if mode == "decode" and hicache:
+    if "decode" in modes and hicache:
         raise SystemExit(
             "kvroute emulate: a decode server runs without a radix cache (SGLang forces it), so "
             "--enable-hierarchical-cache and --disaggregation-mode decode are mutually exclusive"
@@ -135,7 +154,7 @@ def from_namespace(ns: argparse.Namespace, hicache: bool) -> PdConfig:
     if not 0 <= ns.disaggregation_bootstrap_port <= 65535:
         raise SystemExit("kvroute emulate: --disaggregation-bootstrap-port must be a port (0-65535)")
     return PdConfig(
-        mode=mode,
+        mode=modes[0],
         bootstrap_port=ns.disaggregation_bootstrap_port,
         transfer_backend=ns.disaggregation_transfer_backend,
         ib_device=ns.disaggregation_ib_device,

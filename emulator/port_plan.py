@@ -3,8 +3,8 @@
 With `--replicas N` (or `--ports P0,...`), replica i (0-based, in port order) uses:
 
 - HTTP: `--port` + i (or the i-th of `--ports`);
-- the PD bootstrap server (`--disaggregation-mode prefill` only): `--disaggregation-bootstrap-port` + i
-  (0 stays 0: each replica binds a free port);
+- the PD bootstrap server (prefill replicas only): `--disaggregation-bootstrap-port` + i (0 stays 0:
+  each replica binds a free port);
 - KV events (`--kv-events-config`): the publisher endpoint's TCP port + i*S and the replay endpoint's TCP
   port + i*S. S is 1 (SGLang's DP-rank offset) when the N publisher and N replay ports so obtained are
   all distinct; otherwise S = |replay port - publisher port| + 1, so that replica i's pair sits between
@@ -49,14 +49,14 @@ def kv_stride(cfg: KvEventsConfig | None, replicas: int) -> int:
 
 
 def _named_ports(
-    http: Sequence[int], bootstrap: int | None, kv: KvEventsConfig | None, stride: int
+    http: Sequence[int], bootstraps: Sequence[int | None], kv: KvEventsConfig | None, stride: int
 ) -> list[tuple[int, str]]:
     named: list[tuple[int, str]] = []
     for i, port in enumerate(http):
         if port:
             named.append((port, f"replica {i}'s HTTP port"))
-        if bootstrap:
-            named.append((bootstrap + i, f"replica {i}'s PD bootstrap port"))
+        if i < len(bootstraps) and bootstraps[i]:
+            named.append((bootstraps[i] or 0, f"replica {i}'s PD bootstrap port"))
         if kv is None or not kv.enabled:
             continue
         for what, endpoint in (("KV-event publisher", kv.endpoint), ("KV-event replay", kv.replay_endpoint)):
@@ -66,10 +66,13 @@ def _named_ports(
     return named
 
 
-def check(http: Sequence[int], bootstrap: int | None, kv: KvEventsConfig | None, stride: int) -> None:
-    """ValueError naming the first port used twice, or beyond 65535, in the layout of `http`."""
+def check(
+    http: Sequence[int], bootstraps: Sequence[int | None], kv: KvEventsConfig | None, stride: int
+) -> None:
+    """ValueError naming the first port used twice, or beyond 65535, in the layout of `http` (with each
+    replica's bootstrap port, None for a replica without one)."""
     seen: dict[int, str] = {}
-    for port, what in _named_ports(http, bootstrap, kv, stride):
+    for port, what in _named_ports(http, bootstraps, kv, stride):
         if port > MAX_PORT:
             raise ValueError(f"port {port} ({what}) is beyond {MAX_PORT}: pick lower base ports")
         if port in seen:

@@ -14,7 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -104,6 +104,8 @@ class Replica:
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
+        if cfg.pd.mode == "decode":  # "KV cache is forced as chunk cache for decode server" (SGLang)
+            cfg = replace(cfg, disable_radix_cache=True)
         tokenizer = make_tokenizer(cfg.emu_tokenizer, cfg.tokenizer_path)
         metrics = Metrics(cfg.served_model_name, cfg.mamba_slots)
         timing = ProfileTiming(PROFILES[cfg.emu_profile], hicache=cfg.hicache)

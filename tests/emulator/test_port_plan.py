@@ -149,6 +149,15 @@ def test_stride_one_unless_publisher_and_replay_ports_meet() -> None:
         ("tcp://*:5559", "tcp://*:5558"),
         ("tcp://*:5561", "tcp://*:5560"),
     ]
+    mixed = parse_args(["--ports", "9100,9101,9102", "--disaggregation-mode", "prefill,decode,prefill"])
+    replicas = [mixed.with_port(p) for p in mixed.ports]
+    assert [(r.pd.mode, r.bootstrap_port) for r in replicas] == [
+        ("prefill", 8998),
+        ("decode", 8999),
+        ("prefill", 9000),
+    ]
+    with pytest.raises(SystemExit, match="lists 2 modes for 3 replicas"):
+        parse_args(["--replicas", "3", "--disaggregation-mode", "prefill,decode"])
     prefill = parse_args(
         ["--replicas", "2", "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "9000"]
     )

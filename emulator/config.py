@@ -17,6 +17,10 @@ token. Derived sizes (GPU pool, host pool, mamba slots) are computed here, once:
            plus one page (as SGLang's host pool);
     mamba slots (hybrid) = --max-mamba-cache-size (15), host slots = ratio x that.
 
+Prefill/decode disaggregation (`--disaggregation-mode`, ...) is parsed by emulator/pd_config.py. Ports of
+`--replicas N`: replica i takes HTTP port + i, bootstrap port + i and the KV-event ports + i*S (S keeps
+publisher and replay ports apart); a layout that reuses a port is refused (emulator/port_plan.py).
+
 Two defaults differ from SGLang's on purpose, so that clients work without extra flags: the served model
 name is the short id "kvroute-emu" (SGLang: the model path, an absolute path here; the model path itself
 still names the shipped tokenizer directory, which sglang-router loads), and tool calls are parsed
@@ -32,8 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from emulator import pd_config, port_plan
 from emulator.kv_events import KvEventsConfig
 from emulator.kv_recorder import FORMATS as KV_EVENT_FORMATS
+from emulator.pd_config import PdConfig
 from emulator.timing import PROFILES
 from emulator.tokenizer_kind import KINDS as TOKENIZER_KINDS
 
@@ -98,19 +104,29 @@ class EmulatorConfig:
     emu_kv_events_format: str = "0.5.10"
     emu_tokenizer: str = "pseudo"
     replica_index: int = 0  # this replica's place in --ports / --replicas (offsets its KV-event ports)
+    kv_port_stride: int = 1  # KV-event ports of replica i: + i * this (port_plan.py)
+    pd: PdConfig = field(default_factory=PdConfig)  # --disaggregation-* (pd_config.py); mode: this replica's
+    pd_modes: tuple[str, ...] = ()  # the mode of every replica of the process, in port order
     ignored_flags: tuple[str, ...] = field(default=())
 
     def with_port(self, port: int) -> EmulatorConfig:
         """The config of the replica on `port` (one app per port)."""
         index = self.replica_index + (self.ports.index(port) if port in self.ports else 0)
-        return replace(self, ports=(port,), replica_index=index)
+        mode = self.pd_modes[index] if index < len(self.pd_modes) else self.pd.mode
+        return replace(self, ports=(port,), replica_index=index, pd=replace(self.pd, mode=mode))
 
     @property
     def replica_kv_events(self) -> KvEventsConfig | None:
         """This replica's KV-event endpoints when publishing is on (ports offset by replica_index)."""
         if self.kv_events is None or not self.kv_events.enabled:
             return None
-        return self.kv_events.for_replica(self.replica_index)
+        return self.kv_events.for_replica(self.replica_index, self.kv_port_stride)
+
+    @property
+    def bootstrap_port(self) -> int:
+        """This replica's PD bootstrap port (a prefill's; 0: any free port)."""
+        base = self.pd.bootstrap_port
+        return base + self.replica_index if base else 0
 
     @property
     def gpu_tokens(self) -> int:
@@ -154,7 +170,15 @@ def _parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=None)
-    add("--replicas", type=int, default=1)
+    add(
+        "--replicas",
+        type=int,
+        default=1,
+        help="replica i serves HTTP on --port + i, a prefill's bootstrap server on "
+        "--disaggregation-bootstrap-port + i, and KV events on the endpoint's and the replay endpoint's "
+        "ports + i*S (S = 1, or |replay - endpoint| + 1 when that would reuse a port); a layout that "
+        "reuses a port is refused (emulator/port_plan.py)",
+    )
     add("--ports", default=None, help="comma-separated ports, one replica each")
     add("--model-path", "--model", default=str(MODEL_DIR))
     add(
@@ -215,7 +239,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--emu-enable-faults", action="store_true")
     add("--emu-debug", action="store_true")
     add("--emu-seed", type=int, default=0)
-    add("--kv-events-config", default=None, help="SGLang's KV-event publisher, JSON (emulator/kv_events.py)")
+    add(
+        "--kv-events-config",
+        default=None,
+        help="SGLang's KV-event publisher, JSON (emulator/kv_events.py); replica i publishes on the "
+        "endpoint's port + i*S and replays on the replay endpoint's port + i*S (see --replicas)",
+    )
     add(
         "--emu-kv-events-format",
         choices=KV_EVENT_FORMATS,
@@ -229,6 +258,7 @@ def _parser() -> argparse.ArgumentParser:
         help="pseudo: the built-in pseudo-tokenizer and ChatML renderer; hf: --tokenizer-path's "
         "tokenizer.json and jinja2 chat_template, as SGLang tokenizes (emulator/hf_tokenizer.py)",
     )
+    pd_config.add_flags(p)
     return p
 
 
@@ -266,6 +296,18 @@ def _or_profile(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
+def _kv_stride(ports: Sequence[int], pd: PdConfig, modes: Sequence[str], kv: KvEventsConfig | None) -> int:
+    """The KV-event port stride of the replicas (port_plan.py); SystemExit when their ports clash."""
+    stride = port_plan.kv_stride(kv, len(ports))
+    base = pd.bootstrap_port
+    bootstraps = [base + i if base and mode == "prefill" else None for i, mode in enumerate(modes)]
+    try:
+        port_plan.check(ports, bootstraps, kv, stride)
+    except ValueError as exc:
+        raise SystemExit(f"kvroute emulate: {exc}") from exc
+    return stride
+
+
 def parse_args(argv: Sequence[str]) -> EmulatorConfig:
     """Parse the command line; raises SystemExit on invalid flags (argparse style)."""
     ns, rest = _parser().parse_known_args(list(argv))
@@ -280,9 +322,12 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events = None if ns.kv_events_config is None else KvEventsConfig.parse(ns.kv_events_config)
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"kvroute emulate: {exc}") from exc
+    ports = _ports(ns)
+    modes = pd_config.modes(ns, len(ports))
+    pd = pd_config.from_namespace(ns, ns.hicache, modes)
     cfg = EmulatorConfig(
         host=ns.host,
-        ports=_ports(ns),
+        ports=ports,
         model_path=ns.model_path,
         served_model_name=ns.served_model_name or SERVED_MODEL_NAME,
         tokenizer_path=_tokenizer_dir(ns.emu_tokenizer, ns.tokenizer_path or ns.model_path),
@@ -329,6 +374,9 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         kv_events=kv_events,
         emu_kv_events_format=ns.emu_kv_events_format,
         emu_tokenizer=ns.emu_tokenizer,
+        kv_port_stride=_kv_stride(ports, pd, modes, kv_events),
+        pd=pd,
+        pd_modes=modes,
         ignored_flags=_ignored(rest),
     )
     return cfg

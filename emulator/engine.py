@@ -22,6 +22,10 @@ The engine is one asyncio task per replica that runs *steps*, like SGLang's sche
    `finish()` inserts prompt + output into the cache. An abort releases the request with `abort()`
    (what it inserted stays cached).
 
+A PD decode's request (`Ticket.kv_arrival` set, pd_runs.py) is admitted the same way (its KV memory is
+reserved) but computes nothing: its prefill costs no time and its first token is sent the moment its
+KV arrives from the prefill server, then it decodes as any other.
+
 Modelled time is paced by deadlines, not by relative sleeps: a step starts at the latest of the previous
 step's end, the arrival of its new requests (stamped when the HTTP request came in, before parsing) and,
 for a request that had to wait for a slot or memory, the moment a running request released them. So the
@@ -258,7 +262,8 @@ class Engine:
         seconds = 0.0
         hit = new = 0
         for ticket, start, end in step:
-            seconds += self.timing.prefill_seconds(start, end)
+            if ticket.kv_arrival is None:  # a PD decode's prompt KV is transferred, not computed
+                seconds += self.timing.prefill_seconds(start, end)
             if ticket.load_s:
                 seconds += ticket.load_s
                 ticket.load_s = 0.0
@@ -311,6 +316,9 @@ class Engine:
         counts = [min(1, len(o)) for o in outputs]
         active = sum(1 for o in outputs if len(o) > 1)
         first_at = prefilled_at + self.timing.overhead_seconds() * self.slow_factor * scale
+        if ticket.kv_arrival is not None:  # PD decode: the prefill's token goes out as the KV lands
+            await ticket.kv_arrival
+            first_at = self._now()
         await asyncio.sleep(max(0.0, first_at - self._now()))
         self.decoding_seqs += active
         try:

@@ -4,6 +4,9 @@
 (`status`, `max_total_num_tokens`, `max_req_input_len`), `internal_states[0]` (the args again plus
 `memory_usage {weight, kvcache GiB, token_capacity, graph}`), `version` and `startup_time` (which changes
 on an emulated restart). `kv_events_config` is the replica's own publisher config as JSON (or null).
+Prefill/decode disaggregation adds its ServerArgs fields (`disaggregation_mode`, ... pd_stats.py), its
+queued prompt tokens to /get_load's `num_tokens`, and /v1/loads?include=disagg (or all) a
+`disaggregation` section to each load.
 /health answers after a modelled 1 s (the real one polls once a second).
 """
 
@@ -70,16 +73,17 @@ def server_args(replica: Replica) -> dict[str, Any]:
         "admin_api_key": None,
         "incremental_streaming_output": False,
         "enable_streaming_session": False,
+        **replica.pd.server_args(),
     }
 
 
 def kv_events_config(replica: Replica) -> str | None:
     """The --kv-events-config JSON as this replica runs it (SGLang reports the flag's string): every
-    field, with this replica's endpoints (the ports offset by its index among --replicas)."""
+    field, with this replica's endpoints (the ports offset by its index among --replicas, port_plan.py)."""
     c = replica.cfg
     if c.kv_events is None:
         return None
-    return json.dumps(dataclasses.asdict(c.kv_events.for_replica(c.replica_index)))
+    return json.dumps(dataclasses.asdict(c.kv_events.for_replica(c.replica_index, c.kv_port_stride)))
 
 
 def memory_usage(replica: Replica) -> dict[str, Any]:
@@ -183,7 +187,7 @@ async def get_load(request: web.Request) -> web.Response:
         "dp_rank": 0,
         "num_reqs": engine.running + len(engine.waiting),
         "num_waiting_reqs": len(engine.waiting),
-        "num_tokens": engine.cache.stats().gpu_used + waiting_tokens,
+        "num_tokens": engine.cache.stats().gpu_used + waiting_tokens + replica.pd.queued_tokens(),
         "ts_tic": time.time(),
     }
     return json_response([load])
@@ -218,6 +222,8 @@ def _load(replica: Replica) -> dict[str, Any]:
 async def loads(request: web.Request) -> web.Response:
     replica = request.app[REPLICA]
     load = _load(replica)
+    if {"disagg", "all"} & set(request.query.get("include", "").split(",")):
+        load["disaggregation"] = replica.pd.loads_section()
     if request.query.get("format") == "prometheus":
         lines = [
             f'sglang_{key}{{dp_rank="0"}} {float(value)}'

@@ -13,7 +13,9 @@
   sent one, the empty delimiter frame). The last ``buffer_steps`` batches are kept.
 
 With ``--replicas N`` (or ``--ports``) replica ``i`` (0-based, in port order) uses the endpoints'
-TCP port + ``i`` (``ipc://`` / ``inproc://`` get the suffix ``_dp<i>``), like SGLang's DP-rank offset.
+TCP port + ``i*S`` (``ipc://`` / ``inproc://`` get the suffix ``_dp<i>``), like SGLang's DP-rank offset
+when S is 1; S grows only when that would give one replica's publisher port to another's replay endpoint
+(emulator/port_plan.py has the layout and the clash check).
 
 Flush timing (as SGLang's scheduler, with an emulated decode cadence): the recorder's queue is
 published after every prefill batch, every ``interval_s`` while anything is queued (the emulator's
@@ -80,19 +82,20 @@ class KvEventsConfig:
     def enabled(self) -> bool:
         return self.publisher == "zmq"
 
-    def for_replica(self, index: int) -> KvEventsConfig:
-        """The endpoints of the replica with this 0-based index."""
-        replay = None if self.replay_endpoint is None else offset_endpoint(self.replay_endpoint, index)
-        return replace(self, endpoint=offset_endpoint(self.endpoint, index), replay_endpoint=replay)
+    def for_replica(self, index: int, stride: int = 1) -> KvEventsConfig:
+        """The endpoints of the replica with this 0-based index (TCP ports + index * stride)."""
+        replay = self.replay_endpoint
+        replay = None if replay is None else offset_endpoint(replay, index, stride)
+        return replace(self, endpoint=offset_endpoint(self.endpoint, index, stride), replay_endpoint=replay)
 
 
-def offset_endpoint(endpoint: str, index: int) -> str:
-    """``tcp://host:port`` -> port + index; ``ipc://`` / ``inproc://`` -> suffix ``_dp<index>``."""
+def offset_endpoint(endpoint: str, index: int, stride: int = 1) -> str:
+    """``tcp://host:port`` -> port + index * stride; ``ipc://`` / ``inproc://`` -> suffix ``_dp<index>``."""
     if index == 0:
         return endpoint
     m = re.fullmatch(r"(tcp://.*:)(\d+)", endpoint)
     if m:
-        return f"{m.group(1)}{int(m.group(2)) + index}"
+        return f"{m.group(1)}{int(m.group(2)) + index * stride}"
     if endpoint.startswith(("ipc://", "inproc://")):
         return f"{endpoint}_dp{index}"
     return endpoint

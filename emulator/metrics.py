@@ -1,10 +1,11 @@
 """Prometheus metrics with SGLang 0.5.10's `sglang:*` names, one CollectorRegistry per replica app.
 
-Scheduler-side series carry the labels model_name, engine_type ("unified"), tp_rank, pp_rank and
-moe_ep_rank ("0"); tokenizer-side series carry model_name only (cached_tokens_total adds cache_source,
-and a cache_source series appears only after its first non-zero increment, as in SGLang). Gauges are
-refreshed from the engine and the cache right before each scrape; cumulative cache counters (evictions,
-load-backs, backups, prefetches) are advanced by the delta of RadixCache.stats() since the last scrape.
+Scheduler-side series carry the labels model_name, engine_type ("unified"; a PD server's mode), tp_rank,
+pp_rank and moe_ep_rank ("0"); tokenizer-side series carry model_name only (cached_tokens_total adds
+cache_source, and a cache_source series appears only after its first non-zero increment, as in SGLang).
+Gauges are refreshed from the engine and the cache right before each scrape; cumulative cache counters
+(evictions, load-backs, backups, prefetches) are advanced by the delta of RadixCache.stats() since the
+last scrape.
 Latency histograms are in *modelled* seconds (real seconds divided by the time scale), i.e. what the
 real server would report.
 """
@@ -51,11 +52,11 @@ class LiveCounters:
 class Metrics:
     """The replica's registry; also the engine's EngineListener."""
 
-    def __init__(self, model_name: str, mamba_slots: int = 0) -> None:
+    def __init__(self, model_name: str, mamba_slots: int = 0, engine_type: str = "unified") -> None:
         self._mamba_slots = mamba_slots
         self.registry = CollectorRegistry()
         self.live = LiveCounters()
-        self._labels = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0"}
+        self._labels = {"model_name": model_name, "engine_type": engine_type, "tp_rank": "0"}
         self._labels |= {"pp_rank": "0", "moe_ep_rank": "0"}
         self._model = model_name
         self._cache_seen: dict[str, int] = {}
@@ -106,6 +107,11 @@ class Metrics:
         self.queue_time = Histogram(
             "sglang:queue_time_seconds", "Queue time.", _SCHED, buckets=_QUEUE_BUCKETS, registry=r
         )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The scheduler-side labels (other series of the registry, e.g. pd_stats.py, reuse them)."""
+        return dict(self._labels)
 
     # ---- EngineListener ---------------------------------------------------------------------
     def on_admit(self, queue_s: float, prefilled: Prefilled, prompt_tokens: int) -> None:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +25,7 @@ from emulator.faults import Faults
 from emulator.kv_events import KvEventPublisher
 from emulator.kv_recorder import KvRecorder
 from emulator.metrics import Metrics
+from emulator.pd_stats import PdStats
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
 from emulator.sampler import Completion, Sampler, Sampling
@@ -101,11 +102,16 @@ class Replica:
     requests: RequestLog = field(default_factory=RequestLog)  # filled only with --emu-debug
     aborts: AbortLog = field(default_factory=AbortLog)  # rids named by /abort_request calls
     kv_events: KvEventPublisher | None = None  # --kv-events-config (started by the server)
+    pd: PdStats = field(default_factory=PdStats.null)  # PD disaggregation's queues, figures (pd_stats.py)
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
+        if cfg.pd.mode == "decode":  # "KV cache is forced as chunk cache for decode server" (SGLang)
+            cfg = replace(cfg, disable_radix_cache=True)
         tokenizer = make_tokenizer(cfg.emu_tokenizer, cfg.tokenizer_path)
-        metrics = Metrics(cfg.served_model_name, cfg.mamba_slots)
+        metrics = Metrics(
+            cfg.served_model_name, cfg.mamba_slots, cfg.pd.mode if cfg.pd.enabled else "unified"
+        )
         timing = ProfileTiming(PROFILES[cfg.emu_profile], hicache=cfg.hicache)
         limits = EngineLimits(
             max_running_requests=cfg.max_running_requests,
@@ -119,6 +125,10 @@ class Replica:
         engine = Engine(RadixCache(cache_config(cfg, port), recorder), timing, limits, metrics)
         seed = cfg.emu_seed or cfg.random_seed
         replica = cls(cfg, port, tokenizer, Sampler(tokenizer, seed), engine, metrics, Faults())
+        port_flag = cfg.bootstrap_port if cfg.pd.mode == "prefill" else cfg.pd.bootstrap_port
+        replica.pd = PdStats(cfg.pd, port_flag, waiting=lambda: len(engine.waiting))
+        if cfg.pd.enabled:
+            replica.pd.attach(metrics.registry, metrics.labels)
         events_cfg = cfg.replica_kv_events
         if events_cfg is not None:
             take = recorder.take if recorder is not None else list
@@ -184,7 +194,7 @@ class Run:
         elif self.finished:
             self._record()
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         while not (self.finished or self.failure):
             event = await self.ticket.events.get()
             if isinstance(event, Prefilled):

@@ -20,6 +20,9 @@ The frame middleware wraps every route: arrival time, the API key, the request l
 request_log.py), the connection-level faults (a reset before any byte on generation routes, failing
 health probes, both for every request while a restart's down time lasts; see fault_hook.py) and SGLang's
 flat 500 body for unexpected errors.
+
+With --disaggregation-mode prefill|decode, pd_server.py makes the replica a PD server (its generation
+routes, a prefill's bootstrap server, a decode's link to prefills).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from emulator import fault_hook, info_api, native_api, openai_api, openai_reques
 from emulator.config import EmulatorConfig
 from emulator.errors import ApiError, flat_error, json_response, native_error, read_json
 from emulator.faults import FaultError
+from emulator.pd_server import install as install_pd
 from emulator.replica import ARRIVAL, REPLICA, Replica
 from emulator.request_log import Entry, is_logged
 
@@ -251,6 +255,7 @@ def build_app(cfg: EmulatorConfig) -> web.Application:
     if cfg.emu_enable_faults:
         r.add_get("/_emu/faults", emu_faults)
         r.add_post("/_emu/faults", emu_faults)
+    install_pd(app, cfg)
     return app
 
 

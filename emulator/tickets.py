@@ -88,6 +88,9 @@ class Ticket:
     decode_task: asyncio.Task[None] | None = None
     blocked: bool = False  # admission was refused once (slots or memory): it waited for a release
     ready: float = 0.0  # loop time from which the engine could serve it (arrival, or a release)
+    # PD decode (pd_runs.py): the prompt's KV comes from a prefill server instead of being computed; the
+    # first token is sent when this resolves (the KV arrived)
+    kv_arrival: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

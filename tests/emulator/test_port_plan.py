@@ -24,7 +24,7 @@ import zmq.asyncio
 from bench.fleet import free_port_run
 from bench.procs import ManagedProcess
 from emulator.config import parse_args
-from proxy.kv_wire import decode_message, decode_replay, replay_request
+from proxy.sync.kv_wire import decode_message, decode_replay, replay_request
 
 WAIT_S = 5.0
 LOOP = "127.0.0.1"

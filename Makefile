@@ -41,7 +41,7 @@ bench-overhead: $(STAMP)
 	$(BIN)/python -m bench.overhead
 
 soak: $(STAMP)
-	$(BIN)/python -m bench.soak --minutes 10
+	$(BIN)/python -m bench.labs.soak --minutes 10
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

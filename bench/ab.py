@@ -38,9 +38,13 @@ from pathlib import Path
 from statistics import geometric_mean
 from typing import Any
 
-from bench import exact, plan, point, report, systems, workloads
-from bench.fleet import FleetSpec
-from bench.plan import Point
+from bench import exact, point
+from bench.reports import tables as report
+from bench.runs import plan
+from bench.runs.plan import Point
+from bench.systems import registry as systems
+from bench.systems.fleet import FleetSpec
+from bench.workloads import generators as workloads
 
 
 def parse_point(text: str) -> Point:

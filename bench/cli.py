@@ -1,4 +1,4 @@
-"""`kvroute bench`: workloads x systems on fresh emulated fleets, at points of a plan (bench/plan.py).
+"""`kvroute bench`: workloads x systems on fresh emulated fleets, at points of a plan (bench/runs/plan.py).
 
     kvroute bench                     # the default plan (make bench): loads 0.3/0.6/0.9, two profiles
     kvroute bench --matrix            # every workload x every system, seeds' profile, load 0.6, seed 1
@@ -6,13 +6,13 @@
     kvroute bench rag --quick         # small and fast; writes under a temporary directory
 
 For each point, workload, seed and system: build the workload (seeded) and rescale its arrivals to the
-point's offered load (bench/load.py), start N fresh emulated replicas on the point's profile (HiCache
-write_back, cache report, metrics, debug endpoints), start the system from its command template (none
+point's offered load (bench/workloads/load.py), start N fresh emulated replicas on the point's profile
+(HiCache write_back, cache report, metrics, debug endpoints), start the system from its command template (none
 for client-side round robin), wait until it is ready, replay the workload with a progress bar, read each
 replica's counters, stop everything we started. Each (point, workload) writes
 OUT/<profile>/<load-dir>/<workload>/ (table.md, summary.json, records.json, PNG plots; with several
 seeds each one's under seed-N/ and their mean above), then the run rewrites the cross-point summary, the
-per-workload plots of TTFT against load and the fleet section of bench/README.md (bench/summary.py)
+per-workload plots of TTFT against load and the fleet section of bench/README.md (bench/reports/summary.py)
 from every result under OUT. A system whose process does not come up is skipped with the reason.
 """
 
@@ -28,13 +28,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import plan, systems, workloads
-from bench.fleet import FleetSpec
-from bench.plan import Point
-from bench.point import RunSettings, run_point
-from bench.procs import NotReady
-from bench.progress import interrupt
-from bench.summary import write_summary
+from bench.point import run_point
+from bench.reports.summary import write_summary
+from bench.runs import plan
+from bench.runs.plan import Point
+from bench.runs.prepare import RunSettings
+from bench.runs.progress import interrupt
+from bench.systems import registry as systems
+from bench.systems.fleet import FleetSpec
+from bench.systems.procs import NotReady
+from bench.workloads import generators as workloads
 
 BENCH_DIR = Path(__file__).resolve().parent
 QUICK_OUT = Path("/tmp/kvroute-bench-quick")

@@ -6,7 +6,7 @@ What it runs (seeded, a few seconds of wall time), once per policy of ``--polici
 - 3 emulated replicas (HiCache ``write_back``, cache report, metrics; a time scale that makes a
   cold 40K-token prefill take ~1.5 s instead of 15 s);
 - the gateway as users run it, ``kvroute serve --backend URL ... --policy P`` (a subprocess on a free
-  loopback port, ``bench.procs``; its log goes to ``--logs``), spoken to over HTTP only;
+  loopback port, ``bench.systems.procs``; its log goes to ``--logs``), spoken to over HTTP only;
 - 4 agent sessions that share a system prompt and tool schemas, 4 streamed turns each (each turn
   extends its own history), running concurrently;
 - 2 long documents, each asked 3 different questions (streamed);
@@ -34,10 +34,9 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletionChunk
 
-from bench.fleet import EmulatorFleet
-from bench.procs import NotReady
-from bench.runner import replica_id
-from bench.systems import kvroute, system_process
+from bench.systems.fleet import EmulatorFleet
+from bench.systems.procs import NotReady, replica_id
+from bench.systems.registry import kvroute, system_process
 
 EMU_ARGS = [
     "--enable-hierarchical-cache",

@@ -14,9 +14,9 @@ prompt tokens (bench.point), and judges issue 17's targets: exact's error <= 0.5
 exact's mean TTFT <= learned's (the better of the two learned gateways; within 3%, the noise of one run
 on this machine, counts as equal).
 Beside exact's error it gives the share of prompt tokens of its run that a replica held when the request
-arrived and evicted while the request waited in its queue (`bench.fleet.cache_loss`, from the emulators'
-counters): what a model would still over-predict if it knew every cache exactly at the moment it routed,
-which is the most the KV events can tell it.
+arrived and evicted while the request waited in its queue (`bench.reports.fleet_work.cache_loss`, from the
+emulators' counters): what a model would still over-predict if it knew every cache exactly at the moment it
+routed, which is the most the KV events can tell it.
 With several seeds the ratio column also gives each seed's ratio: one seed's trajectory decides where
 the first documents land and so the whole run (rag, seeds 1-6: token keys / character keys 1.10, 1.09,
 1.04, 0.97, 0.90, 0.97), so one seed cannot tell a 3% difference.
@@ -33,10 +33,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from bench import plan, report, systems, workloads
-from bench.fleet import FleetSpec
-from bench.plan import Point
-from bench.point import RunSettings, run_point
+from bench.point import run_point
+from bench.reports import tables as report
+from bench.runs import plan
+from bench.runs.plan import Point
+from bench.runs.prepare import RunSettings
+from bench.systems import registry as systems
+from bench.systems.fleet import FleetSpec
+from bench.workloads import generators as workloads
 
 TOKENIZER = str(Path(__file__).resolve().parent.parent / "emulator" / "model_bpe")
 EVENTS = "0.5.23"

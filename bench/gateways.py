@@ -3,19 +3,19 @@
     python -m bench.gateways            # the real settings (make bench runs it after kvroute bench)
     python -m bench.gateways --quick    # small workloads, results under /tmp/kvroute-gateways-quick
 
-Every run below starts a FRESH emulated fleet (bench.fleet.EmulatorFleet: 4 replicas, the bench's
+Every run below starts a FRESH emulated fleet (bench.systems.fleet.EmulatorFleet: 4 replicas, the bench's
 default profile and launch flags, seed 1) on the SAME loopback ports, so a replica's id means the same
 replica in every run and every run starts cold; the workloads are bench.point.prepare's (rag rescaled
-to offered load 0.6 by bench.load.at_load, agent at its own pace), so every run gets the same requests
-in the same order at the same arrival times (agent is closed loop: a turn is due when the previous one
-finished, so its arrivals follow the system). One `redis-server` (bench.redis_proc) serves the whole
-benchmark; every run with shared state has a namespace of its own.
+to offered load 0.6 by bench.workloads.load.at_load, agent at its own pace), so every run gets the same
+requests in the same order at the same arrival times (agent is closed loop: a turn is due when the previous
+one finished, so its arrivals follow the system). One `redis-server` (bench.systems.redis_proc) serves the
+whole benchmark; every run with shared state has a namespace of its own.
 
 1. Agreement and TTFT, on agent and rag: (a) ONE kvroute gateway (`--policy cost`, no Redis), (b) THREE
    gateways sharing one Redis (`--state redis://... --state-namespace NS`) behind the client's round
-   robin (bench.gateway_pool), (a) once more. Reported: the share of requests (matched by index) that
-   three gateways sent to the replica the single gateway chose (bench.comparison.agreement), mean TTFT of
-   each and their ratio; single vs single again is the noise floor (the emulator's timing, hence load
+   robin (bench.systems.gateway_pool), (a) once more. Reported: the share of requests (matched by index) that
+   three gateways sent to the replica the single gateway chose (bench.reports.comparison.agreement), mean TTFT
+   of each and their ratio; single vs single again is the noise floor (the emulator's timing, hence load
    and placement, differs from run to run). Targets: >= 98% agreement, mean TTFT within 5%.
 2. Restarted gateway: three gateways on the rag of 1. (its 200 questions at the same arrival times)
    continued with more questions of the same seed at the same rate, RESTART_REQUESTS in all, so that
@@ -30,7 +30,7 @@ benchmark; every run with shared state has a namespace of its own.
    (>= 0.9x) is judged on the scenarios at concurrency 16 (throughput-bound; at concurrency 1 req/s is
    the inverse of latency).
 
-Results: bench/results/gateways/gateways.json and gateways.md (bench.gateway_report), also printed.
+Results: bench/results/gateways/gateways.json and gateways.md (bench.reports.gateways), also printed.
 """
 
 from __future__ import annotations
@@ -45,18 +45,21 @@ import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench import floor, load, overhead, workloads
-from bench.cpu import CpuMeter
-from bench.fleet import EmulatorFleet, FleetSpec
-from bench.gateway_pool import GatewayPool, StateStore
-from bench.gateway_report import Found, Run, write
-from bench.plan import DEFAULT_LOAD, DEFAULT_PROFILE, Point
-from bench.point import Prepared, RunSettings, prepare
-from bench.procs import NotReady, free_ports, served_model
-from bench.progress import Progress, interrupt, stage
-from bench.redis_proc import redis_server
-from bench.runner import replay
-from bench.systems import kvroute
+from bench.overhead import requests as overhead
+from bench.overhead.options import parse as overhead_args
+from bench.reports.gateways import Found, Run, write
+from bench.runs.cpu import CpuMeter
+from bench.runs.plan import DEFAULT_LOAD, DEFAULT_PROFILE, Point
+from bench.runs.prepare import Prepared, RunSettings, prepare
+from bench.runs.progress import Progress, interrupt, stage
+from bench.runs.replay import replay
+from bench.systems.fleet import EmulatorFleet, FleetSpec
+from bench.systems.gateway_pool import GatewayPool, StateStore
+from bench.systems.procs import NotReady, free_ports, served_model
+from bench.systems.redis_proc import redis_server
+from bench.systems.registry import kvroute
+from bench.workloads import floor, load
+from bench.workloads import generators as workloads
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "gateways"
 QUICK_OUT = Path("/tmp/kvroute-gateways-quick")
@@ -89,7 +92,7 @@ def point_for(name: str) -> Point:
 
 def longer_rag(prep: Prepared, count: int, quick: bool) -> Prepared:
     """`prep`'s rag continued to `count` questions of the same seed at the same arrival rate: its first
-    requests are `prep`'s at the same arrival times (bench.workloads.rag's `count` extends the same
+    requests are `prep`'s at the same arrival times (bench.workloads.generators.rag's `count` extends the same
     run; rescaling the longer run to load 0.6 afresh would crowd it: its later questions are mostly
     repeats, whose floor work is small). The deadline follows bench.point.prepare's rule."""
     raw = workloads.rag(SEED, prep.fleet.shape, quick, count)
@@ -167,7 +170,7 @@ async def restart_run(ctx: Context) -> tuple[Prepared, Run]:
 
 async def overhead_results(out: Path, scale: float) -> list[overhead.Result]:
     argv = ["--state", "--no-router", "--no-scrape", "--scale", f"{scale:g}", "--rounds", "6"]
-    return await overhead.bench(overhead.parse([*argv, "--out", str(out / "overhead")]))
+    return await overhead.bench(overhead_args([*argv, "--out", str(out / "overhead")]))
 
 
 async def bench(quick: bool, out: Path, overhead_scale: float) -> Found:

@@ -1,14 +1,14 @@
 """One workload at one point of the plan: every system on its own fresh fleet, for every seed.
 
-For a seed: build the workload, rescale it to the point's offered load (bench/load.py; open-loop
+For a seed: build the workload, rescale it to the point's offered load (bench/workloads/load.py; open-loop
 workloads only), compute its floor, then for each system start a fresh emulated fleet on the point's
 profile (with --emu-enable-faults only when the workload has outages), start the system, replay (the
-outages hit the fleet's replicas during it, bench/outages.py), read the replicas' counters before and
-after, stop both. The
-per-replica prefill seconds come from the records and the counters (bench.fleet.replica_work).
+outages hit the fleet's replicas during it, bench/runs/outages.py), read the replicas' counters before
+and after, stop both. The
+per-replica prefill seconds come from the records and the counters (bench.reports.fleet_work.replica_work).
 
 A run during which other processes on the machine used more than FOREIGN_LIMIT cores on average
-(bench/cpu.py: they stretch wall time, hence modelled TTFT) is repeated once and the less disturbed of
+(bench/runs/cpu.py: they stretch wall time, hence modelled TTFT) is repeated once and the less disturbed of
 the two kept; the table notes any run still disturbed.
 
 Each run is bounded by a wall-clock deadline: for an open-loop workload 60 s + 4 x its arrival span in
@@ -30,26 +30,21 @@ from pathlib import Path
 
 import aiohttp
 
-from bench import floor, load, outages, plots, report, systems, workloads
-from bench.cpu import CpuMeter
-from bench.fleet import EmulatorFleet, FleetSpec, cache_loss, replica_counters, replica_work
-from bench.plan import TIME_SCALE_FACTOR, Point
-from bench.procs import NotReady, served_model
-from bench.progress import Progress
-from bench.runner import Record, replay, rotating
+from bench.reports import plots
+from bench.reports import tables as report
+from bench.reports.fleet_work import cache_loss, replica_work
+from bench.runs import outages
+from bench.runs.cpu import CpuMeter
+from bench.runs.plan import Point
+from bench.runs.prepare import Prepared, RunSettings, prepare
+from bench.runs.progress import Progress
+from bench.runs.replay import Record, replay, rotating
+from bench.systems import registry as systems
+from bench.systems.fleet import EmulatorFleet, replica_counters
+from bench.systems.procs import NotReady, served_model
+from bench.workloads import load
 
 FOREIGN_LIMIT = 0.4  # cores of other processes (2-core machine) above which a run is repeated once
-
-
-@dataclass(frozen=True, slots=True)
-class RunSettings:
-    systems: tuple[systems.System, ...]
-    fleet: FleetSpec  # replicas, GPU pool, page size; the profile and time scale are set per point
-    quick: bool
-    out_dir: Path
-    max_run_s: float
-    command: str
-    time_scale: float | None = None  # None: each workload's own (Workload.time_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,32 +55,7 @@ class RunResult:
     skipped: str = ""
     model_error: float = float("nan")
     foreign_cpu: float = float("nan")  # cores other processes used on average during the run
-    engine_loss: float = float("nan")  # bench.fleet.cache_loss: evicted under waiting requests
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A seed's workload at the point, its floor, its offered load and the fleet to run it on."""
-
-    workload: workloads.Workload
-    ideal: list[floor.FloorRequest]
-    offered: load.OfferedLoad
-    fleet: FleetSpec
-    deadline_s: float
-
-
-def prepare(run: RunSettings, point: Point, name: str, seed: int) -> Prepared:
-    fleet = replace(run.fleet, profile=point.profile)
-    wl = workloads.build(name, seed, fleet.shape, run.quick)
-    own = wl.time_scale * TIME_SCALE_FACTOR.get(point.profile, 1.0)
-    fleet = replace(fleet, time_scale=run.time_scale or own, faults=bool(wl.outages))
-    ideal = floor.floor(wl, fleet.page_size, point.profile, fleet.tokenizer)
-    if point.load is not None:
-        wl, offered = load.at_load(wl, ideal, point.load, fleet.replicas)
-        deadline = min(run.max_run_s, 60.0 + 4.0 * offered.span_s * fleet.time_scale)
-    else:
-        offered, deadline = load.offered(wl, ideal, fleet.replicas), run.max_run_s
-    return Prepared(wl, ideal, offered, fleet, deadline)
+    engine_loss: float = float("nan")  # bench.reports.fleet_work.cache_loss: evicted under waiting requests
 
 
 async def model_error_ratio(gateway: str) -> float:
@@ -113,7 +83,7 @@ async def _replay(prep: Prepared, urls: list[str], progress: Progress, replicas:
 
 async def run_system(prep: Prepared, system: systems.System, seed: int, logs: Path) -> RunResult:
     """One run; repeated once when other processes took more than FOREIGN_LIMIT cores on average during
-    it (bench/cpu.py), keeping the less disturbed of the two (chosen by CPU, never by TTFT)."""
+    it (bench/runs/cpu.py), keeping the less disturbed of the two (chosen by CPU, never by TTFT)."""
     first = await _run_once(prep, system, seed, logs)
     if not first.foreign_cpu > FOREIGN_LIMIT:
         return first

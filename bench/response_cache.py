@@ -30,11 +30,11 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench import systems
-from bench.fleet import EmulatorFleet
-from bench.overhead import pct_ms
-from bench.procs import served_model
-from bench.redis_proc import redis_server
+from bench.overhead.requests import pct_ms
+from bench.systems import registry as systems
+from bench.systems.fleet import EmulatorFleet
+from bench.systems.procs import served_model
+from bench.systems.redis_proc import redis_server
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "response_cache"
 RUN_TIME_CAP_S = 30.0

@@ -3,10 +3,11 @@
     python -m bench.warmrag            # the real settings (make bench runs it after bench.gateways)
     python -m bench.warmrag --quick    # small workloads, results under /tmp/kvroute-warmrag-quick
 
-Every run starts a FRESH emulated fleet (bench.fleet.EmulatorFleet: 4 write_back replicas, the bench's
-default profile and launch flags, seed 1) and one `kvroute serve --policy cost` (bench.systems). The
-questions are bench.workloads.rag's (seed 1, the document in the system message) rescaled to offered
-load LOAD by bench.point.prepare, replayed by bench.runner (TTFT from the scheduled arrival).
+Every run starts a FRESH emulated fleet (bench.systems.fleet.EmulatorFleet: 4 write_back replicas, the bench's
+default profile and launch flags, seed 1) and one `kvroute serve --policy cost` (bench.systems.registry). The
+questions are bench.workloads.generators.rag's (seed 1, the document in the system message) rescaled to
+offered load LOAD by bench.point.prepare, replayed by bench.runs.replay (TTFT from the scheduled
+arrival).
 
 1. warm: every rag document (1.6x the fleet's GPU pools, so some end in host memory) through
    `POST /v1/warmup` with `wait: true`, as the questions' messages start (the system message), one
@@ -24,7 +25,7 @@ load LOAD by bench.point.prepare, replayed by bench.runner (TTFT from the schedu
 
 Every run's records go to OUT/records.json (not committed).
 
-Results: bench/results/warmrag/warmrag.json and warmrag.md (bench.warmrag_report), also printed.
+Results: bench/results/warmrag/warmrag.json and warmrag.md (bench.reports.warmrag), also printed.
 """
 
 from __future__ import annotations
@@ -43,17 +44,17 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench import warmrag_report as rep
-from bench.comparison import mean_ttft, ratio
-from bench.fleet import EmulatorFleet, FleetSpec
-from bench.plan import DEFAULT_PROFILE, Point
-from bench.point import Prepared, RunSettings, prepare
-from bench.procs import ManagedProcess, NotReady, served_model
-from bench.progress import Progress, interrupt, stage
-from bench.runner import Record, replay
-from bench.systems import kvroute, system_process
-from bench.text import WordSource
-from bench.workloads import rag_documents, rag_messages
+from bench.reports import warmrag as rep
+from bench.reports.comparison import mean_ttft, ratio
+from bench.runs.plan import DEFAULT_PROFILE, Point
+from bench.runs.prepare import Prepared, RunSettings, prepare
+from bench.runs.progress import Progress, interrupt, stage
+from bench.runs.replay import Record, replay
+from bench.systems.fleet import EmulatorFleet, FleetSpec
+from bench.systems.procs import ManagedProcess, NotReady, served_model
+from bench.systems.registry import kvroute, system_process
+from bench.workloads.generators import rag_documents, rag_messages
+from bench.workloads.text import WordSource
 
 OUT_DIR = Path(__file__).resolve().parent / "results" / "warmrag"
 QUICK_OUT = Path("/tmp/kvroute-warmrag-quick")

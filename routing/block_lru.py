@@ -3,7 +3,7 @@
 Data structure and trade-off. Each tier is a plain ``dict[int, None]`` used as an ordered set: insertion
 order is recency (touch = pop + re-insert), membership is one C-level lookup. A dict entry costs ~35-70
 bytes plus the 32-byte int key, about 80-100 bytes per block in practice (10M blocks ≈ 0.95 GB, see
-``bench/micro_routing.py``); a fleet-wide block → holders index would find every replica's run in one walk
+``bench/micro/routing.py``); a fleet-wide block → holders index would find every replica's run in one walk
 but costs another dict entry per block (measured +37 B/block, over the 1 GB budget), which bisection makes
 unnecessary. An ``OrderedDict`` would make single evictions O(1) but doubles the memory. Evicting the
 oldest entries of a dict scans deleted slots at its front, so eviction is **batched**: when a tier exceeds

@@ -15,7 +15,7 @@ Algorithm (one pass, no tokenizer):
 5. Stop after ``max_blocks`` blocks (a bound on work and memory per request).
 
 Cost: one xxh3 call per block in a tight loop over a memoryview-free ``bytes`` slice; a 128K-token
-prompt (~512 KB, 2048 blocks of 256 B) hashes in ~0.3 ms on one core (``bench/micro_routing.py``).
+prompt (~512 KB, 2048 blocks of 256 B) hashes in ~0.3 ms on one core (``bench/micro/routing.py``).
 
 Compared with the alternatives:
 

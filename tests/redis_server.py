@@ -1,4 +1,4 @@
-"""A real ``redis-server`` for tests: ``bench.redis_proc.RedisServer`` (its own process on a free
+"""A real ``redis-server`` for tests: ``bench.systems.redis_proc.RedisServer`` (its own process on a free
 127.0.0.1 port, no persistence, stopped by its PID; ``stop()`` and ``start()`` again bring it back empty
 on the same port, a Redis restart), skipping the test where ``redis-server`` is not installed."""
 
@@ -8,7 +8,7 @@ from typing import Self
 
 import pytest
 
-from bench import redis_proc
+from bench.systems import redis_proc
 
 
 class RedisServer(redis_proc.RedisServer):

@@ -1,6 +1,6 @@
 """The house's shape, checked on the source (AST, nothing imported): no import circles in any package,
-``routing/`` pure, ``emulator/`` independent, and every ``proxy/`` wing importing only what its
-``__init__`` docstring's ``May import:`` line allows."""
+``routing/`` pure, ``emulator/`` independent, and every wing of ``proxy/`` and ``bench/`` importing only
+what its ``__init__`` docstring's ``May import:`` line allows (top-level modules are their own names)."""
 
 from __future__ import annotations
 
@@ -115,16 +115,21 @@ def _wing(module: str) -> str:
     return module.split(".")[1] if module.count(".") >= 1 else module
 
 
-def _allowed(wing: str) -> set[str]:
-    doc = ast.get_docstring(ast.parse((ROOT / "proxy" / wing / "__init__.py").read_text())) or ""
+def _allowed(package: str, wing: str) -> set[str]:
+    doc = ast.get_docstring(ast.parse((ROOT / package / wing / "__init__.py").read_text())) or ""
     line = doc.split("May import:", 1)[1] if "May import:" in doc else ""
     return set(re.findall(r"``(\w+)``", line))
 
 
-def test_proxy_wings_import_what_they_say() -> None:
-    wings = sorted(p.name for p in (ROOT / "proxy").iterdir() if (p / "__init__.py").exists())
-    assert len(wings) >= 5
-    edges = graph("proxy")
+@pytest.mark.parametrize("package", ["proxy", "bench"])
+def test_wings_import_what_they_say(package: str) -> None:
+    """Wings point downward: each imports only the wings (and top-level modules) its docstring names,
+    and at most ~14 modules stay on the package's top level."""
+    root = ROOT / package
+    wings = sorted(p.name for p in root.iterdir() if (p / "__init__.py").exists())
+    assert len(wings) >= 5 and len(list(root.glob("*.py"))) <= 14
+    edges = graph(package)
     for wing in wings:
-        used = {_wing(d) for m, ds in edges.items() if m.startswith(f"proxy.{wing}.") for d in ds} - {wing}
-        assert used <= _allowed(wing), (wing, sorted(used - _allowed(wing)))
+        inside = f"{package}.{wing}."
+        used = {_wing(d) for m, ds in edges.items() if m.startswith(inside) for d in ds} - {wing}
+        assert used <= _allowed(package, wing), (wing, sorted(used - _allowed(package, wing)))

@@ -3,7 +3,7 @@
 Why not ``prometheus_client.generate_latest`` alone: it validates and escapes every label name of every
 sample and builds a ``Sample`` per line through each metric's ``collect``. For a gateway in front of 16
 replicas (~2,000 samples, most of them the TTFT and duration histograms' buckets) that took 21 ms of CPU
-per scrape, on the event loop that serves requests, against a 5 ms target (``bench/overhead.py``).
+per scrape, on the event loop that serves requests, against a 5 ms target (``bench/overhead/scrape.py``).
 
 Here the families with many lines write them as text directly:
 

@@ -5,7 +5,7 @@ canonical text: several 0.5 MB buffers per request, each freed before the next r
 allocations above ``M_MMAP_THRESHOLD`` (128 KiB until it adapts) with ``mmap`` and gives freed heap
 tops back to the kernel above ``M_TRIM_THRESHOLD``, so every such request page-faults its buffers in
 again: measured 1.4 ms against 0.45 ms per 128K-token prompt for render + encode + hash
-(``bench/micro_routing.py``). Raising both thresholds keeps those buffers in the process's heap, at the
+(``bench/micro/routing.py``). Raising both thresholds keeps those buffers in the process's heap, at the
 cost of the heap staying at its high-water mark (a few MB of large prompts in flight).
 
 A no-op where glibc is absent (macOS, musl, Windows) or ``mallopt`` refuses a value.

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from bench import ab
-from bench.plan import Point
+from bench.runs.plan import Point
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import exact, plan
-from bench.report import Summary
+from bench import exact
+from bench.reports.tables import Summary
+from bench.runs import plan
 
 
 def _summary(system: str, mean_ttft: float, error: float = 0.001) -> Summary:

@@ -6,9 +6,10 @@ import math
 
 import aiohttp
 
-from bench.fleet import Counters, cache_loss
 from bench.point import model_error_ratio
-from bench.runner import Record
+from bench.reports.fleet_work import cache_loss
+from bench.runs.replay import Record
+from bench.systems.fleet import Counters
 from tests.conftest import Emulators, StartGateway
 
 FLAGS = ("--enable-cache-report", "--emu-time-scale", "0.001")
@@ -39,8 +40,8 @@ async def test_model_error_is_pooled_from_status(emulator_server: Emulators, gat
 
 
 def test_cache_loss_is_the_evicted_share_of_the_runs_answered_prompt_tokens() -> None:
-    """bench.fleet.cache_loss: the replicas' arrival_lost_tokens_total over the prompt tokens of the
-    requests that were answered (a failed request's prompt is not counted); NaN without either."""
+    """bench.reports.fleet_work.cache_loss: the replicas' arrival_lost_tokens_total over the prompt tokens of
+    the requests that were answered (a failed request's prompt is not counted); NaN without either."""
     ok = Record(0, "t", "s", 200, "", 0.0, 0.0, 1.0, 1.0, 1.0, 1000, 0, 4, 1000, "a")
     failed = Record(1, "t", "s", 500, "reset", 0.0, 0.0, None, None, None, 5000, 0, 0, 5000, "b")
     counters = {"a": Counters(1, 0, 0, 50), "b": Counters(1, 0, 0, 150)}

@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.fleet import EmulatorFleet
+from bench.systems.fleet import EmulatorFleet
 from emulator.timing import PROFILES, ProfileTiming, fit_prefill, ttft_seconds
 
 H200 = ProfileTiming(PROFILES["h200"])

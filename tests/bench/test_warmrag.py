@@ -1,14 +1,14 @@
-"""bench.warmrag_report and bench.warmrag's pure parts: documents per request, tiers after a warm-up,
+"""bench.reports.warmrag and bench.warmrag's pure parts: documents per request, tiers after a warm-up,
 first vs repeat TTFT, rates, the PASS/MISS rows; rag_documents are the texts rag asks about."""
 
 from __future__ import annotations
 
 import math
 
-from bench import warmrag_report as rep
-from bench.runner import Record
+from bench.reports import warmrag as rep
+from bench.runs.replay import Record
 from bench.warmrag import warm_body
-from bench.workloads import RAG_INSTRUCTION, FleetShape, rag, rag_documents, rag_messages
+from bench.workloads.generators import RAG_INSTRUCTION, FleetShape, rag, rag_documents, rag_messages
 from emulator.timing import PROFILES, ProfileTiming
 
 SHAPE = FleetShape(4, 24_000, 48_000)

@@ -25,7 +25,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench.procs import ManagedProcess
+from bench.systems.procs import ManagedProcess
 from tests.deploy.manifests import COMPOSE, DEPLOY, compose
 from tests.dnsserver import DnsServer
 

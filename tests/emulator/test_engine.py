@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.fleet import EmulatorFleet
+from bench.systems.fleet import EmulatorFleet
 from emulator.config import parse_args
 from emulator.timing import PROFILES, ProfileTiming, ttft_seconds
 from tests.emulator.conftest import Emu, StartEmu

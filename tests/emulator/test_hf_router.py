@@ -11,8 +11,8 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench import systems
-from bench.fleet import EmulatorFleet
+from bench.systems import registry as systems
+from bench.systems.fleet import EmulatorFleet
 from emulator.hf_tokenizer import HfTokenizer
 
 pytestmark = pytest.mark.slow

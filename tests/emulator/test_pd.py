@@ -24,8 +24,8 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench.procs import ManagedProcess, free_ports
-from bench.systems import SGLANG_ENV, counts
+from bench.systems.procs import ManagedProcess, free_ports
+from bench.systems.registry import SGLANG_ENV, counts
 from emulator.pd_runs import PD_ROLE
 from tests.conftest import wait_for
 from tests.emulator.conftest import Emu, StartEmu

@@ -21,8 +21,8 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from bench.fleet import free_port_run
-from bench.procs import ManagedProcess
+from bench.systems.fleet import free_port_run
+from bench.systems.procs import ManagedProcess
 from emulator.config import parse_args
 from proxy.sync.kv_wire import decode_message, decode_replay, replay_request
 

@@ -19,8 +19,8 @@ import pytest
 from openai import AsyncOpenAI
 from openai.types.chat import ChatCompletionMessageParam
 
-from bench import systems
-from bench.fleet import EmulatorFleet
+from bench.systems import registry as systems
+from bench.systems.fleet import EmulatorFleet
 from emulator.config import MODEL_DIR
 from tests.emulator.sdk import streamed_chat
 

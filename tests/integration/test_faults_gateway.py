@@ -1,4 +1,4 @@
-"""The fault-injection suite: each of the ten fault kinds of ``bench.fault_lab`` (replica killed, hung,
+"""The fault-injection suite: each of the ten fault kinds of ``bench.labs.fault_lab`` (replica killed, hung,
 dropping some requests while it serves the rest, answering 500/503, stream cut, slow, connection reset,
 restarted with its cache lost, Redis down, Redis flushed) on an emulated fleet of real processes, through
 a fresh gateway, with a bounded burst of streamed and non-streamed requests. Targets: 0 lost requests, 0
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench import redis_proc
-from bench.fault_lab import KINDS, FaultLab, run_kind
+from bench.labs.fault_lab import KINDS, FaultLab, run_kind
+from bench.systems import redis_proc
 
 REQUESTS = 24
 HITS_THE_GATEWAY = {"killed", "hung", "dropped", "fail", "cut_stream", "reset"}  # kinds the gateway must meet

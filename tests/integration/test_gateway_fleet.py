@@ -16,8 +16,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.fleet import EmulatorFleet
-from bench.procs import free_ports
+from bench.systems.fleet import EmulatorFleet
+from bench.systems.procs import free_ports
 from tests.conftest import StartGateway
 
 MODEL = "emu-model"

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 
-from bench.fleet import EmulatorFleet
+from bench.systems.fleet import EmulatorFleet
 from tests.conftest import StartGateway, sha256
 
 MODEL = "emu-model"

@@ -1,5 +1,5 @@
 """Bad inputs for the gateway and the checks every answer to one must pass
-(tests/proxy/front/test_bad_input.py, tests/proxy/front/test_fuzz.py and ``bench.fuzz`` share them)."""
+(tests/proxy/front/test_bad_input.py, tests/proxy/front/test_fuzz.py and ``bench.labs.fuzz`` share them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.fuzz_bodies import is_openai_error
+from bench.labs.fuzz_bodies import is_openai_error
 from tests.proxy.conftest import MODEL
 
 ROUTES = (

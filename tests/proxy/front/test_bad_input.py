@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench.procs import ManagedProcess, free_ports
+from bench.systems.procs import ManagedProcess, free_ports
 from tests.proxy.badinput import (
     BAD_BODIES,
     FIELD_VALUES,

@@ -1,7 +1,7 @@
-"""Hypothesis over the OpenAI request schema (``bench.fuzz_bodies``: valid-ish chat and completions
+"""Hypothesis over the OpenAI request schema (``bench.labs.fuzz_bodies``: valid-ish chat and completions
 bodies with random types, missing and unknown fields, weird unicode, big numbers, nulls) through a real
 gateway with the response cache on: no kvroute-made 5xx, every rejection OpenAI-shaped, and the gateway
-still serves afterwards. ``python -m bench.fuzz`` sends 10,000 of them to a gateway process."""
+still serves afterwards. ``python -m bench.labs.fuzz`` sends 10,000 of them to a gateway process."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.fuzz_bodies import body
+from bench.labs.fuzz_bodies import body
 from tests.proxy.badinput import assert_clean, assert_serves, send
 from tests.proxy.conftest import Stack, StackFactory
 

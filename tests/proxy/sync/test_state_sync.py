@@ -14,7 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.procs import free_ports
+from bench.systems.procs import free_ports
 from proxy.context import GATEWAY
 from proxy.front.openai import parse_request
 from proxy.sync.state_store import MemoryStore
@@ -209,7 +209,7 @@ async def test_gateway_processes_started_with_the_flag_agree(
 ) -> None:
     import sys
 
-    from bench.procs import ManagedProcess
+    from bench.systems.procs import ManagedProcess
 
     urls = await replicas(emulator_server, 3)
     ports = free_ports(2)

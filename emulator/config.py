@@ -30,6 +30,7 @@ import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from emulator.kv_events import KvEventsConfig
@@ -45,6 +46,17 @@ TOOL_CALL_PARSER = "qwen25"
 """The emulator parses tool calls by default (SGLang parses none unless --tool-call-parser is given);
 --tool-call-parser none turns it off."""
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SGLANG_VERSION = "0.5.10"
+"""The SGLang release the emulator answers as (/server_info `version`, `--version`)."""
+
+
+def version_line() -> str:
+    """What `kvroute emulate --version` prints: kvroute's own version and the SGLang it emulates."""
+    try:
+        mine = version("kvroute")
+    except PackageNotFoundError:  # a source tree without an installed distribution
+        mine = "unknown"
+    return f"kvroute emulate {mine} (emulates SGLang {SGLANG_VERSION})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +164,7 @@ class EmulatorConfig:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvroute emulate", description="Emulated SGLang replicas.")
     add = p.add_argument
+    add("--version", action="version", version=version_line())
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=None)
     add("--replicas", type=int, default=1)

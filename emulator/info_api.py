@@ -17,10 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
+from emulator.config import SGLANG_VERSION
 from emulator.errors import json_response
 from emulator.replica import REPLICA, WEIGHT_VERSION, Replica
 
-VERSION = "0.5.10"
+VERSION = SGLANG_VERSION
 WEIGHT_GB = 26.0
 
 

@@ -81,6 +81,7 @@ class EmulatorConfig:
     hicache_mem_layout: str = "layer_first"
     enable_metrics: bool = False
     enable_cache_report: bool = False
+    enable_response_store: bool = False
     disable_radix_cache: bool = False
     schedule_policy: str = "fcfs"
     max_mamba_cache_size: int | None = None
@@ -191,6 +192,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--hicache-mem-layout", default="layer_first")
     add("--enable-metrics", action="store_true")
     add("--enable-cache-report", action="store_true")
+    add(
+        "--enable-response-store",
+        action="store_true",
+        help="keep /v1/responses objects in memory (previous_response_id, background, GET, cancel), "
+        "as SGLang 0.5.23's flag of that name; off by default",
+    )
     add("--disable-radix-cache", action="store_true")
     add("--schedule-policy", default="fcfs")
     add("--max-mamba-cache-size", type=int, default=None)
@@ -314,6 +321,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         hicache_mem_layout=ns.hicache_mem_layout,
         enable_metrics=ns.enable_metrics,
         enable_cache_report=ns.enable_cache_report,
+        enable_response_store=ns.enable_response_store,
         disable_radix_cache=ns.disable_radix_cache,
         schedule_policy=ns.schedule_policy,
         max_mamba_cache_size=ns.max_mamba_cache_size,

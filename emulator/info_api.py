@@ -56,6 +56,7 @@ def server_args(replica: Replica) -> dict[str, Any]:
         "schedule_policy": c.schedule_policy,
         "radix_eviction_policy": "lru",
         "enable_cache_report": c.enable_cache_report,
+        "enable_response_store": c.enable_response_store,
         "enable_metrics": c.enable_metrics,
         "kv_events_config": kv_events_config(replica),
         "tp_size": c.tp_size,

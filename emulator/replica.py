@@ -27,6 +27,7 @@ from emulator.kv_recorder import KvRecorder
 from emulator.metrics import Metrics
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
+from emulator.response_store import ResponseStore
 from emulator.sampler import Completion, Sampler, Sampling
 from emulator.storage import FileStorage
 from emulator.tickets import Emitted, EngineLimits, Event, Failed, Finished, Prefilled, Ticket, Work
@@ -101,6 +102,7 @@ class Replica:
     requests: RequestLog = field(default_factory=RequestLog)  # filled only with --emu-debug
     aborts: AbortLog = field(default_factory=AbortLog)  # rids named by /abort_request calls
     kv_events: KvEventPublisher | None = None  # --kv-events-config (started by the server)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # --enable-response-store
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
@@ -137,6 +139,7 @@ class Replica:
             self.kv_events.flush()
 
     def restart(self) -> None:
+        self.responses.clear()  # in memory: a restarted SGLang has none of its stored responses
         self.engine.restart()
         self.publish_kv_events()
         self.startup_time = time.time()

@@ -31,4 +31,4 @@ def test_help_prints_the_flags_and_exits_0() -> None:
     done = _run("--help")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: kvroute emulate")
-    assert "--version" in done.stdout
+    assert "--version" in done.stdout and "--enable-response-store" in done.stdout

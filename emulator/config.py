@@ -34,6 +34,7 @@ import math
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from emulator import pd_config, port_plan
@@ -51,6 +52,17 @@ TOOL_CALL_PARSER = "qwen25"
 """The emulator parses tool calls by default (SGLang parses none unless --tool-call-parser is given);
 --tool-call-parser none turns it off."""
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+SGLANG_VERSION = "0.5.10"
+"""The SGLang release the emulator answers as (/server_info `version`, `--version`)."""
+
+
+def version_line() -> str:
+    """What `kvroute emulate --version` prints: kvroute's own version and the SGLang it emulates."""
+    try:
+        mine = version("kvroute")
+    except PackageNotFoundError:  # a source tree without an installed distribution
+        mine = "unknown"
+    return f"kvroute emulate {mine} (emulates SGLang {SGLANG_VERSION})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +87,7 @@ class EmulatorConfig:
     hicache_mem_layout: str = "layer_first"
     enable_metrics: bool = False
     enable_cache_report: bool = False
+    enable_response_store: bool = False
     disable_radix_cache: bool = False
     schedule_policy: str = "fcfs"
     max_mamba_cache_size: int | None = None
@@ -168,6 +181,7 @@ class EmulatorConfig:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvroute emulate", description="Emulated SGLang replicas.")
     add = p.add_argument
+    add("--version", action="version", version=version_line())
     add("--host", default="127.0.0.1")
     add("--port", type=int, default=None)
     add(
@@ -202,6 +216,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--hicache-mem-layout", default="layer_first")
     add("--enable-metrics", action="store_true")
     add("--enable-cache-report", action="store_true")
+    add(
+        "--enable-response-store",
+        action="store_true",
+        help="keep /v1/responses objects in memory (previous_response_id, background, GET, cancel), "
+        "as SGLang 0.5.23's flag of that name; off by default",
+    )
     add("--disable-radix-cache", action="store_true")
     add("--schedule-policy", default="fcfs")
     add("--max-mamba-cache-size", type=int, default=None)
@@ -346,6 +366,7 @@ def parse_args(argv: Sequence[str]) -> EmulatorConfig:
         hicache_mem_layout=ns.hicache_mem_layout,
         enable_metrics=ns.enable_metrics,
         enable_cache_report=ns.enable_cache_report,
+        enable_response_store=ns.enable_response_store,
         disable_radix_cache=ns.disable_radix_cache,
         schedule_policy=ns.schedule_policy,
         max_mamba_cache_size=ns.max_mamba_cache_size,

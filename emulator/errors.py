@@ -3,6 +3,7 @@
     OpenAI routes:   {"object": "error", "message", "type", "param": null, "code": <status>}   (flat)
     /generate etc.:  {"error": {"message": ...}}                                             (native)
     /v1/models/{m}:  {"error": {"message", "type", "param", "code"}}                         (nested)
+    /v1/responses*:  {"error": {"message", "type", "param", "code": <status>}}               (nested)
 
 Validation failures are 400 "Bad Request" (FastAPI's handler, also for a non-JSON content type);
 request-level checks (`_validate_request`, context length) are 400 "BadRequestError".
@@ -17,16 +18,25 @@ from aiohttp import web
 
 
 class ApiError(Exception):
-    def __init__(self, message: str, status: int = 400, type_: str = "BadRequestError") -> None:
+    def __init__(
+        self, message: str, status: int = 400, type_: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.type = type_
+        self.param = param  # only the nested /v1/responses shape reports it
 
 
 def flat_error(status: int, message: str, type_: str) -> web.Response:
     body = {"object": "error", "message": message, "type": type_, "param": None, "code": status}
     return json_response(body, status)
+
+
+def nested_error(err: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+    """/v1/responses* errors: `{"error": {message, type, param, code: <status>}}`."""
+    body = {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.status}}
+    return json_response(body, err.status, headers)
 
 
 def native_error(status: int, message: str) -> web.Response:

@@ -20,10 +20,11 @@ from typing import Any
 
 from aiohttp import web
 
+from emulator.config import SGLANG_VERSION
 from emulator.errors import json_response
 from emulator.replica import REPLICA, WEIGHT_VERSION, Replica
 
-VERSION = "0.5.10"
+VERSION = SGLANG_VERSION
 WEIGHT_GB = 26.0
 
 
@@ -58,6 +59,7 @@ def server_args(replica: Replica) -> dict[str, Any]:
         "schedule_policy": c.schedule_policy,
         "radix_eviction_policy": "lru",
         "enable_cache_report": c.enable_cache_report,
+        "enable_response_store": c.enable_response_store,
         "enable_metrics": c.enable_metrics,
         "kv_events_config": kv_events_config(replica),
         "tp_size": c.tp_size,

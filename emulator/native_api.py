@@ -20,7 +20,7 @@ from emulator import sse
 from emulator.errors import ApiError, check_context, is_token_list, json_response, native_error, read_json
 from emulator.fault_hook import request_fault
 from emulator.replica import REPLICA, WEIGHT_VERSION, Job, Replica, Run, debug_headers, new_rid
-from emulator.sampler import Completion, Sampling
+from emulator.sampler import Completion, Sampling, verify_sampling
 from emulator.structured_output import generate_grammar
 
 
@@ -29,6 +29,9 @@ def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise ApiError("sampling_params must be a dict (batched requests are not emulated)")
+    temperature, top_p = params.get("temperature", 1.0), params.get("top_p", 1.0)
+    if _is_number(temperature) and _is_number(top_p):  # SamplingParams.verify, raw values as sent
+        verify_sampling(temperature, top_p)
     max_new = params.get("max_new_tokens")
     if max_new is not None and (not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 0):
         raise ApiError(f"max_new_tokens must be at least 0, got {max_new}.")
@@ -46,6 +49,10 @@ def parse_generate(body: dict[str, Any], replica: Replica) -> Job:
         raise ApiError("extra_key must be a string")
     rid = body.get("rid") if isinstance(body.get("rid"), str) else new_rid()
     return Job(prompt, sampling, extra_key, str(rid), bool(body.get("stream")))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _prompt(body: dict[str, Any], replica: Replica) -> tuple[int, ...]:

@@ -3,12 +3,15 @@
 Chat renders `messages` (+ `tools`) with the replica's chat template and tokenizes it (tokenizer_kind.py);
 completions take `prompt` as a string or token ids, or a list of those (a batch: one Job per prompt, as
 SGLang runs one request per prompt; choice `k * n + i` of the response is choice i of prompt k, and usage
-sums the prompts). `max_completion_tokens or max_tokens` (0 = unset) for chat, `max_tokens` (default 16,
-must be positive) for completions; `n`, `stop`, `seed`, `logprobs`, `top_logprobs`, `stream_options`,
-`response_format` and completions' `json_schema` (structured_output.py); the cache namespace is
-`cache_salt + extra_key`. Tool calls: see tool_calls.py. The outputs of every choice are sampled here,
-before the engine sees the request; the `Plan` holds them and everything else the response shapes
-(openai_shapes.py, openai_stream.py) need.
+sums the prompts). `max_completion_tokens or max_tokens` (0 = unset, negative: SGLang's max_new_tokens
+400) for chat, `max_tokens` (default 16, must be positive: a pydantic 400) for completions; `temperature`
+and `top_p` checked as SGLang's SamplingParams.verify (sampler.verify_sampling); `n`, `stop`, `seed`,
+`logprobs`, `top_logprobs`, `stream_options`, `response_format` and completions' `json_schema`
+(structured_output.py); the cache namespace is `cache_salt + extra_key`. Tool calls: see tool_calls.py.
+The outputs of every choice are sampled here, before the engine sees the request; the `Plan` holds them
+and everything else the response shapes (openai_shapes.py, openai_stream.py) need. `chat_prompt`,
+`chat_sampling` and `chat_outputs` are the chat path's steps, shared with /v1/responses
+(responses_request.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from emulator.errors import ApiError, check_context, invalid, is_token_list
 from emulator.replica import Job, Replica, new_rid
-from emulator.sampler import Completion, Sampling
+from emulator.sampler import Completion, Sampling, verify_sampling
 from emulator.structured_output import openai_grammar
 from emulator.tool_calls import tool_call, tool_target
 
@@ -81,7 +84,22 @@ def _stream_options(body: dict[str, Any]) -> tuple[bool, bool]:
     return bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
 
 
-def _sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -> Sampling:
+def _number(body: dict[str, Any], key: str, model: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(key, model, "Input should be a valid number [type=float_type]")
+    return float(value)  # pydantic's float: a JSON -1 is -1.0 in SGLang's messages
+
+
+def verify_openai_sampling(body: dict[str, Any], model: str) -> None:
+    """temperature and top_p as SGLang 0.5.10 verifies them after its pydantic (defaults 1.0 and 1.0)."""
+    verify_sampling(_number(body, "temperature", model, 1.0), _number(body, "top_p", model, 1.0))
+
+
+def chat_sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -> Sampling:
+    """The Sampling of a chat-shaped body: n, seed, stop and the JSON constraint of response_format."""
     n = _int(body, "n", model, 1) or 1
     if n < 1:
         raise ApiError("n must be at least 1")
@@ -89,21 +107,15 @@ def _sampling(body: dict[str, Any], model: str, max_new: int | None, top: int) -
     return Sampling(max_new=max_new, stop=stop, n=n, seed=seed, top_logprobs=top, grammar=grammar)
 
 
-def parse_chat(body: dict[str, Any], replica: Replica) -> Parsed:
-    name = "ChatCompletionRequest"
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        raise invalid("messages", name, "Field required: a non-empty list of messages [type=missing]")
-    prompt = tuple(replica.tokenizer.chat_ids(messages, body.get("tools"), body))
-    max_new = _int(body, "max_completion_tokens", name) or _int(body, "max_tokens", name) or None
-    if max_new is not None and max_new < 0:
-        raise ApiError("max_tokens must be non-negative")
-    logprobs = bool(body.get("logprobs"))
-    top = _int(body, "top_logprobs", name, 0) or 0
-    if top and not logprobs:
-        raise ApiError("top_logprobs requires logprobs to be true")
-    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
-    sampling = _sampling(body, name, max_new, top)
+def chat_prompt(messages: list[dict[str, Any]], body: dict[str, Any], replica: Replica) -> tuple[int, ...]:
+    """The prompt ids of chat messages: the replica's chat template over them and the body's tools."""
+    return tuple(replica.tokenizer.chat_ids(messages, body.get("tools"), body))
+
+
+def chat_outputs(
+    body: dict[str, Any], replica: Replica, prompt: tuple[int, ...], sampling: Sampling, messages: list[Any]
+) -> tuple[tuple[Completion, ...], tuple[dict[str, Any] | None, ...]]:
+    """Each choice's output and tool call (None: text, or the JSON text of a response_format)."""
     target = tool_target(body, replica.cfg.tool_call_parser, messages)
     comps: list[Completion] = []
     calls: list[dict[str, Any] | None] = []
@@ -115,7 +127,27 @@ def parse_chat(body: dict[str, Any], replica: Replica) -> Parsed:
         else:
             calls.append(None)
             comps.append(replica.sampler.sample(prompt, sampling, i))
-    plan = _plan(body, replica, True, sampling.n, tuple(comps), logprobs, tuple(calls))
+    return tuple(comps), tuple(calls)
+
+
+def parse_chat(body: dict[str, Any], replica: Replica) -> Parsed:
+    name = "ChatCompletionRequest"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise invalid("messages", name, "Field required: a non-empty list of messages [type=missing]")
+    prompt = chat_prompt(messages, body, replica)
+    max_new = _int(body, "max_completion_tokens", name) or _int(body, "max_tokens", name) or None
+    logprobs = bool(body.get("logprobs"))
+    top = _int(body, "top_logprobs", name, 0) or 0
+    if top and not logprobs:
+        raise ApiError("top_logprobs requires logprobs to be true")
+    check_context(len(prompt), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
+    verify_openai_sampling(body, name)
+    if max_new is not None and max_new < 0:  # SamplingParams.verify, after temperature and top_p
+        raise ApiError(f"max_new_tokens must be at least 0, got {max_new}.")
+    sampling = chat_sampling(body, name, max_new, top)
+    comps, calls = chat_outputs(body, replica, prompt, sampling, messages)
+    plan = _plan(body, replica, True, sampling.n, comps, logprobs, calls)
     return (_job(body, prompt, sampling, _rids(body, 1)[0]),), plan
 
 
@@ -125,19 +157,31 @@ def parse_completion(body: dict[str, Any], replica: Replica) -> Parsed:
     if "prompt" not in body:
         raise invalid("prompt", name, "Field required [type=missing]")
     prompts = [_prompt(p, replica) for p in _batch(body["prompt"])]
-    max_new = _int(body, "max_tokens", name, 16)
-    if max_new is None or max_new <= 0:
-        raise ApiError("max_tokens must be positive")
+    max_new = _max_tokens(body, name)
     lp = _int(body, "logprobs", name)
     for _text, ids in prompts:
         check_context(len(ids), max_new, replica.cfg.context_length, replica.cfg.max_req_input_len)
-    sampling = _sampling(body, name, max_new, lp or 0)
+    verify_openai_sampling(body, name)
+    sampling = chat_sampling(body, name, max_new, lp or 0)
     comps = tuple(replica.sampler.sample(p, sampling, i) for _t, p in prompts for i in range(sampling.n))
     echo = tuple(text for text, _ids in prompts) if body.get("echo") else None
     calls = (None,) * len(comps)
     plan = _plan(body, replica, False, sampling.n, comps, lp is not None, calls, echo)
     rids = _rids(body, len(prompts))
     return tuple(_job(body, p, sampling, rid) for (_t, p), rid in zip(prompts, rids, strict=True)), plan
+
+
+def _max_tokens(body: dict[str, Any], model: str) -> int:
+    """Completions' `max_tokens: int = 16` and its pydantic field validator (SGLang 0.5.10 protocol.py
+    `validate_max_tokens_positive`: `raise ValueError("max_tokens must be positive")`), so 0 or less is
+    FastAPI's 400 "Bad Request" validation error, not the handler's BadRequestError."""
+    value = body.get("max_tokens", 16)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid("max_tokens", model, "Input should be a valid integer [type=int_type]")
+    if value <= 0:
+        detail = f"Value error, max_tokens must be positive [type=value_error, input_value={value}]"
+        raise invalid("max_tokens", model, detail)
+    return value
 
 
 def _batch(value: object) -> list[object]:

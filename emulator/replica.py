@@ -28,6 +28,7 @@ from emulator.metrics import Metrics
 from emulator.pd_stats import PdStats
 from emulator.radix import CacheConfig, RadixCache
 from emulator.request_log import AbortLog, RequestLog
+from emulator.response_store import ResponseStore
 from emulator.sampler import Completion, Sampler, Sampling
 from emulator.storage import FileStorage
 from emulator.tickets import Emitted, EngineLimits, Event, Failed, Finished, Prefilled, Ticket, Work
@@ -103,6 +104,7 @@ class Replica:
     aborts: AbortLog = field(default_factory=AbortLog)  # rids named by /abort_request calls
     kv_events: KvEventPublisher | None = None  # --kv-events-config (started by the server)
     pd: PdStats = field(default_factory=PdStats.null)  # PD disaggregation's queues, figures (pd_stats.py)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # --enable-response-store
 
     @classmethod
     def build(cls, cfg: EmulatorConfig, port: int) -> Replica:
@@ -147,6 +149,7 @@ class Replica:
             self.kv_events.flush()
 
     def restart(self) -> None:
+        self.responses.clear()  # in memory: a restarted SGLang has none of its stored responses
         self.engine.restart()
         self.publish_kv_events()
         self.startup_time = time.time()

@@ -13,10 +13,14 @@ Length rules (OpenAI routes and /generate alike):
   (matched: EOS), or its first max-token-count tokens and "length" when that is shorter;
 - `stop` strings: the text is cut before the earliest match, finish reason "stop", matched: that string;
   the token that completed the match is the last one counted.
+
+`verify_sampling` is SGLang's `SamplingParams.verify` for the parameters the emulator reads (temperature
+and top_p): a value out of range is a 400 with SGLang's message (the route picks the error shape).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import struct
 from array import array
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import xxhash
 
+from emulator.errors import ApiError
 from emulator.structured_output import JsonGrammar
 from emulator.tokenizer_kind import Tokenizer
 from emulator.words import WORDS
@@ -59,6 +64,26 @@ class Completion:
         if count >= len(self.ids):
             return self.text
         return "".join(self.pieces[:count])[: len(self.text)]
+
+
+def verify_sampling(temperature: float | int, top_p: float | int, finite: bool = False) -> None:
+    """SGLang's `SamplingParams.verify` (python/sglang/srt/sampling/sampling_params.py) for temperature and
+    top_p, in its order; `finite` picks 0.5.23's temperature check (the Responses route) over 0.5.10's.
+
+    0.5.10: `if self.temperature < 0.0: raise ValueError(f"temperature must be non-negative, got
+    {self.temperature}.")`; 0.5.23: `if not math.isfinite(self.temperature) or self.temperature < 0.0:
+    raise ValueError(f"temperature must be a non-negative finite number, got {self.temperature}.")`; both:
+    `if not 0.0 < self.top_p <= 1.0: raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")`.
+    The OpenAI routes catch the ValueError as a 400 (serving_chat/serving_completions
+    `create_error_response(str(e))`), /generate as its `{"error": {"message"}}` 400. The values are
+    formatted as SGLang holds them: floats after the OpenAI routes' pydantic, as sent on /generate.
+    """
+    if finite and not (math.isfinite(temperature) and temperature >= 0.0):
+        raise ApiError(f"temperature must be a non-negative finite number, got {temperature}.")
+    if not finite and temperature < 0.0:
+        raise ApiError(f"temperature must be non-negative, got {temperature}.")
+    if not 0.0 < top_p <= 1.0:
+        raise ApiError(f"top_p must be in (0, 1], got {top_p}.")
 
 
 class Sampler:

@@ -1,8 +1,11 @@
 """The emulated replica's aiohttp application: `build_app(cfg)` for one port, `serve(cfg)` for all.
 
-Routes (SGLang 0.5.10 names; see info_api, openai_api, native_api for the shapes):
+Routes (SGLang 0.5.10 names, /v1/responses as 0.5.23; see info_api, openai_api, native_api,
+responses_api for the shapes; an unknown path is FastAPI's 404 `{"detail": "Not Found"}`, a known path
+with another method its 405 `{"detail": "Method Not Allowed"}`):
 
     POST /v1/chat/completions, /v1/completions, /generate (also PUT)
+    POST /v1/responses, GET /v1/responses/{id}, POST /v1/responses/{id}/cancel   (responses_api.py)
     GET  /v1/models, /v1/models/{model}, /health, /health_generate, /ready, /server_info,
          /get_server_info, /model_info, /get_model_info, /get_load, /v1/loads
     GET|POST /flush_cache   POST /abort_request   POST /tokenize /v1/tokenize /detokenize /v1/detokenize
@@ -37,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from emulator import fault_hook, info_api, native_api, openai_api, openai_request
+from emulator import fault_hook, info_api, native_api, openai_api, openai_request, responses_api
 from emulator.config import EmulatorConfig
 from emulator.errors import ApiError, flat_error, json_response, native_error, read_json
 from emulator.faults import FaultError
@@ -47,7 +50,7 @@ from emulator.request_log import Entry, is_logged
 
 _OPEN_PATHS = frozenset({"/health", "/health_generate", "/ready", "/metrics"})
 _PROBE_PATHS = frozenset({"/health", "/health_generate", "/ready"})
-_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+_GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/generate", "/v1/responses"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -102,6 +105,9 @@ async def _guarded(
         return await handler(request)
     except web.HTTPNotFound:
         return json_response({"detail": "Not Found"}, 404)  # FastAPI's body
+    except web.HTTPMethodNotAllowed as exc:
+        allow = {"Allow": ", ".join(sorted(exc.allowed_methods))}
+        return json_response({"detail": "Method Not Allowed"}, 405, allow)  # FastAPI's body
     except (web.HTTPException, ConnectionResetError):  # the latter: a write after the client left
         raise
     except Exception as exc:  # SGLang answers unexpected errors with its flat JSON, status 500
@@ -226,6 +232,7 @@ def build_app(cfg: EmulatorConfig) -> web.Application:
     r = app.router
     r.add_post("/v1/chat/completions", openai_api.chat_completions)
     r.add_post("/v1/completions", openai_api.completions)
+    responses_api.register(app)
     r.add_route("POST", "/generate", native_api.generate)
     r.add_route("PUT", "/generate", native_api.generate)
     for path in ("/tokenize", "/v1/tokenize"):

@@ -1,7 +1,9 @@
 """Server-sent events as SGLang writes them: `data: <json>\n\n` per event, then `data: [DONE]\n\n`.
 
 `stream(request, headers, cut_after, payloads)` opens a `text/event-stream` response, writes each payload
-of the async iterator as one event, then `[DONE]` and the end of the body. A cut_stream fault
+of the async iterator as one event, then `[DONE]` and the end of the body. With `framed=True` (the
+/v1/responses stream: `event: <type>\ndata: <json>\n\n` frames, no `[DONE]`) each payload is a whole
+frame, written as it is, and the body just ends. A cut_stream fault
 (`cut_after` = K, see faults.py) closes the connection instead of writing event K + 1: the client sees
 the stream end without `[DONE]`, as when a replica dies mid-answer.
 """
@@ -35,11 +37,14 @@ class Sse:
         return cls(request, response, cut_after)
 
     async def send(self, payload: bytes) -> None:
+        await self.send_frame(b"data: " + payload + b"\n\n")
+
+    async def send_frame(self, frame: bytes) -> None:
         if self.cut_after is not None and self.sent >= self.cut_after:
             if self.request.transport is not None:
                 self.request.transport.close()
             raise StreamCut
-        await self.response.write(b"data: " + payload + b"\n\n")
+        await self.response.write(frame)
         self.sent += 1
 
     async def done(self) -> web.StreamResponse:
@@ -53,14 +58,19 @@ async def stream(
     headers: dict[str, str],
     cut_after: int | None,
     payloads: AsyncGenerator[bytes, None],
+    framed: bool = False,
 ) -> web.StreamResponse:
-    """Send every payload as an event, then `[DONE]`; a cut fault ends the response early (and closes
-    the generator at once, so whatever it holds is released before the handler returns)."""
+    """Send every payload as an event, then `[DONE]` (framed: each payload a whole frame, no `[DONE]`); a
+    cut fault ends the response early (and closes the generator at once, so whatever it holds is released
+    before the handler returns)."""
     sse = await Sse.start(request, headers, cut_after)
     try:
         async with contextlib.aclosing(payloads):
             async for payload in payloads:
-                await sse.send(payload)
+                await (sse.send_frame(payload) if framed else sse.send(payload))
+        if framed:
+            await sse.response.write_eof()
+            return sse.response
         return await sse.done()
     except StreamCut:
         return sse.response

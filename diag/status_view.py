@@ -3,6 +3,7 @@
     kvroute status  http://127.0.0.1:8000  policy cost  2/2 replicas healthy  models emu-model  12:00:01
 
     http://127.0.0.1:30001  healthy  emu-model  HiCache write_back  scraped 0.4 s ago
+      view     exact · model error 0.1% over 42 requests
       load     3 in flight · prefill queued 1.20 s (6,016 tok) · utilization 41% · replica: 2 running, …
       gpu      model [######----------]  38%   replica [#######---------]  44%
       host     model [##--------------]  12%   replica [##--------------]  13%
@@ -108,7 +109,21 @@ def _ttft(r: dict[str, Any]) -> str:
     return f"  ttft     {sparkline(xs)}  last {secs(xs[-1])} · median {secs(median)}"
 
 
-def replica_block(r: dict[str, Any]) -> list[str]:
+def _knowledge(k: dict[str, Any] | None) -> str:
+    """The gateway's view of the replica: exact, learned or degraded, and why (proxy/sync/knowledge.py)."""
+    if not k:
+        return "  view     –"
+    w = k.get("window") or {}
+    err = (
+        f" · model error {pct(w['error_ratio'])} over {w.get('requests')} requests"
+        if _num(w.get("error_ratio"))
+        else ""
+    )
+    why = f" ({k['reason']})" if k.get("reason") else ""
+    return f"  view     {k.get('state', '?')}{why}{err}"
+
+
+def replica_block(r: dict[str, Any], knowledge: dict[str, Any] | None = None) -> list[str]:
     cache = f"HiCache {r['write_policy']}" if r.get("write_policy") else "HiCache off"
     head = (
         f"{r.get('id')}  {_health(r)}  {r.get('model') or '?'}  {cache}  {_scraped(r.get('reported') or {})}"
@@ -116,11 +131,11 @@ def replica_block(r: dict[str, Any]) -> list[str]:
     if r.get("last_error"):
         head += f"  ({r['last_error']})"
     fills = [_fill(t, r) for t in ("gpu", "host", "storage")]
-    return [head, _load(r), *fills, _hit(r), _ttft(r)]
+    return [head, _knowledge(knowledge), _load(r), *fills, _hit(r), _ttft(r)]
 
 
 def warnings(doc: dict[str, Any]) -> list[str]:
-    out: list[str] = []
+    out: list[str] = list(doc.get("warnings") or [])
     for r in doc.get("replicas") or []:
         out += [f"{r.get('id')}: {w}" for w in r.get("warnings") or []]
         if (r.get("reported") or {}).get("enabled") is False:
@@ -148,8 +163,9 @@ def render(doc: dict[str, Any], url: str) -> str:
         f"kvroute status  {url}  policy {doc.get('policy')}  "
         f"{doc.get('healthy_replicas', 0)}/{len(replicas)} replicas healthy  models {models}  {clock}",
     ]
+    knowledge = doc.get("knowledge") or {}
     for r in replicas:
-        lines += ["", *replica_block(r)]
+        lines += ["", *replica_block(r, knowledge.get(r.get("id")))]
     decisions = doc.get("decisions") or []
     lines += ["", "recent decisions (newest first)"]
     lines += [_decision(d) for d in decisions[:DECISIONS]] or ["  none yet"]

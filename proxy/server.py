@@ -30,6 +30,7 @@ from proxy.context import GATEWAY, Gateway
 from proxy.exact.tokenizer import PromptTokenizer
 from proxy.fleet.discovery import DISCOVERY, discovery_for
 from proxy.fleet.fleet import Fleet
+from proxy.fleet.restarts import Restarts
 from proxy.front import gatekeeper, handlers, operations, passthrough, request_guard
 from proxy.front.request_body import body_middleware
 from proxy.observe.metrics import GatewayMetrics
@@ -54,7 +55,7 @@ def build_gateway(settings: Settings) -> Gateway:
         settings.backends,
         settings.health_interval,
         on_removed=router.forget,
-        on_restart=router.restart,
+        restarts=Restarts(router.restart, router.kv_reset, lambda r: router.kv_mode(r).mode == "exact"),
         breaker=BreakerPolicy.of(settings),
         pricing=lambda replica: 1.0 / router.rates.get(replica).prefill_tokens_per_s,
         auth=ReplicaAuth(settings.replica_api_key),

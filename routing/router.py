@@ -271,8 +271,17 @@ class Router:
                 self.cache.settle(stale.recorded, Report(ok=True))
         return ticket
 
+    def adopt_calibration(self, peers: Sequence[tuple[float, int]]) -> None:
+        """Other gateways' token estimates (``TokenEstimator.adopt``); the cache model re-sized when the
+        estimate moved far enough."""
+        if self.tokens.adopt(peers):
+            self._resize_if_moved()
+
     def _learn_tokens(self, size: int, reported: int | None) -> None:
         self.tokens.observe(size, reported)
+        self._resize_if_moved()
+
+    def _resize_if_moved(self) -> None:
         block_tokens = self.tokens.block_tokens()
         sized = self.cache.block_tokens
         if abs(block_tokens - sized) > RESIZE_FRACTION * sized:

@@ -15,12 +15,15 @@ Token-id prompts need no estimate: their count is exact, and so is their block s
 per ``RoutingConfig.token_block`` ids, ``routing.hashing.token_block_hashes``); they teach the estimator
 nothing.
 
-It is the only place that converts between bytes and tokens: the cache model keeps capacities in
+Gateways that share state pool their estimates (``adopt``): a gateway that starts among others uses
+theirs until it has learned from as many reports itself. It is the only place that converts between
+bytes and tokens: the cache model keeps capacities in
 engine tokens and converts them to blocks with ``block_tokens()`` when it sizes its tiers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from routing.rates import ALPHA, robust_update
@@ -54,6 +57,19 @@ class TokenEstimator:
     def ids(self, count: int, block_tokens: int) -> Estimate:
         """A token-id prompt of ``count`` ids, hashed in blocks of ``block_tokens`` ids: both exact."""
         return Estimate(max(1, count), float(block_tokens), exact=True)
+
+    def adopt(self, peers: Sequence[tuple[float, int]]) -> bool:
+        """Other gateways' estimates, ``(bytes_per_token, samples)`` each: while this one has learned
+        from fewer reports than the best of them (a gateway that just started), it takes the
+        sample-weighted mean of all, its own included. True when the value moved."""
+        best = max((n for _, n in peers), default=0)
+        if best <= self.samples:
+            return False
+        total = self.samples + sum(n for _, n in peers)
+        pooled = (self.bytes_per_token * self.samples + sum(v * n for v, n in peers)) / total
+        moved = pooled != self.bytes_per_token
+        self.bytes_per_token = pooled
+        return moved
 
     def observe(self, size_bytes: int, reported_tokens: int | None) -> None:
         """One text prompt's canonical size against the ``usage.prompt_tokens`` its replica reported."""

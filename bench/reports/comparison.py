@@ -8,8 +8,7 @@
   `stickiness`: the share of a session's later turns served where its previous turn was (agent: with
   several gateways, whether a session stays on its replica whichever gateway a turn goes through).
 - `one_view(previews)`: of the requests every gateway previewed (bench.systems.gateway_pool's route previews:
-each
-  gateway asked, at the same moment just before the request was sent, where it would route it), the
+  each gateway asked, at the same moment just before the request was sent, where it would route it), the
   share on which all of them named the same replica: whether several gateways decide as one gateway
   would, free of the run-to-run noise that `agreement` between two separate runs carries;
   `preview_held(previews, sends, records)`: the share of those requests served where the gateway that

@@ -58,6 +58,7 @@ class Attempt:
         stuck = self._stuck if parsed.stream else always
         self.wait = FirstByteWait(self.deadline, self.t0 + gw.deadlines.request_timeout, stuck)
         self.ttft: float | None = None
+        self.answered_s: float | None = None  # a whole (non-streamed) answer: when it arrived
         self.usage = Usage()
         self.ok = False
         self.verdict: bool | None = None
@@ -85,7 +86,9 @@ class Attempt:
 
     def whole_body(self) -> None:
         """A non-streamed answer arrived: prefill and decode are done, so there is no TTFT to learn
-        from (``ttft`` stays None rather than mixing decode time into prefill-rate learning)."""
+        from (``ttft`` stays None rather than mixing decode time into prefill-rate learning); the access
+        log shows when it arrived."""
+        self.answered_s = asyncio.get_running_loop().time() - self.t0
         self.lease.first_token()
 
     def failed(self, reason: str) -> None:
@@ -107,7 +110,8 @@ class Attempt:
         report = Report(a.ok, u.prompt_tokens, u.cached_tokens, a.ttft, u.completion_tokens, decode)
         gw.router.finish(a.ticket, report)
         gw.metrics.attempt_done(a.route, a.ticket, report, elapsed)
-        access.replica, access.reason, access.ttft_s = a.replica, a.ticket.decision.reason.value, a.ttft
+        access.replica, access.reason = a.replica, a.ticket.decision.reason.value
+        access.ttft_s = a.ttft if a.ttft is not None else a.answered_s
         access.prompt_tokens, access.cached_tokens = u.prompt_tokens, u.cached_tokens
         access.completion_tokens, access.attempts = u.completion_tokens, access.attempts + 1
         gw.fleet.outcome(a.replica, a.verdict, a.failure)

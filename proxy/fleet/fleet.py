@@ -8,12 +8,12 @@
   replica out; one success (plus fresh info) brings it back. A request that cannot connect marks the
   replica unhealthy at once (passive check), so traffic moves on without waiting for the poller.
 - A restart (``startup_time`` changed, or a return after a health flap from a replica that reports no
-  start time, so a restart cannot be ruled out) calls ``on_restart(replica)``: the prefix index drops
-  its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
+  start time, so a restart cannot be ruled out) is told to the restart owner (``proxy/fleet/restarts.py``,
+  which decides whether the cache model is reset or the replica's own KV events rebuilt it): the prefix index
+  drops its GPU and host tiers and keeps its storage tier. A replica that returns with the same start time
   kept its cache, and nothing is dropped. Removing a replica calls ``on_removed(replica)``.
 - Passive checks (``proxy/upstream/breaker.py``): each replica has a circuit breaker fed by the outcomes of
-real
-  requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
+  real requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
   false), a half-open one lets one trial through (``admit``). A good active check closes a half-open
   breaker; a replica that comes back from unhealthy, or restarted, starts with a closed one.
 - Load: ``acquire`` gives each routed request a ``Lease`` on its replica's load and ``snapshot`` the
@@ -33,6 +33,7 @@ from proxy.fleet.health_log import HealthLog
 from proxy.fleet.load import TrafficEpoch, Work
 from proxy.fleet.replica import Lease, Pricing, Replica, nothing
 from proxy.fleet.replica_info import parse_replica_info
+from proxy.fleet.restarts import Restarts
 from proxy.upstream.breaker import BreakerPolicy
 from proxy.upstream.client import Upstream
 from proxy.upstream.credentials import ReplicaAuth, replica_id_of
@@ -55,7 +56,7 @@ class Fleet:
         urls: Iterable[str],
         health_interval: float,
         on_removed: Callable[[ReplicaId], None],
-        on_restart: Callable[[ReplicaId], None],
+        restarts: Restarts,
         breaker: BreakerPolicy | None = None,
         pricing: Pricing | None = None,
         auth: ReplicaAuth | None = None,
@@ -66,7 +67,7 @@ class Fleet:
         self._pricing = pricing
         self._interval = health_interval
         self._on_removed = on_removed
-        self._on_restart = on_restart
+        self.restarts = restarts  # the one owner of "this replica restarted"
         self._health = HealthLog(health_interval)
         self._checks = 0
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
@@ -182,8 +183,9 @@ class Fleet:
             status, _ = await upstream.call(replica.id, "GET", "/health", HEALTH_TIMEOUT_S)
             if status != 200:
                 raise UpstreamError(f"/health returned HTTP {status}")
-            if refresh or replica.info is None or not replica.healthy:
+            if refresh or replica.info is None or not replica.healthy or replica.info_stale:
                 await self._refresh_info(upstream, replica)
+                replica.info_stale = False
         except UpstreamError as e:
             self._failed(replica, e.message)
             return
@@ -210,12 +212,10 @@ class Fleet:
         if old is None:
             return
         if old.started_at and new.started_at and old.started_at != new.started_at:
-            log.info("replica %s restarted: dropping its GPU and host tiers", replica.id)
             replica.breaker.reset()
-            self._on_restart(replica.id)
+            self.restarts.started(replica.id)
         elif not replica.healthy and not (old.started_at and new.started_at):
-            log.info("replica %s returned without a start time: assuming a restart", replica.id)
-            self._on_restart(replica.id)
+            self.restarts.returned_unknown(replica.id)
 
     def _failed(self, replica: Replica, reason: str) -> None:
         """A failed check: logged (``proxy.fleet.health_log``); a healthy replica leaves the pool after

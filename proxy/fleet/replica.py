@@ -29,8 +29,8 @@ class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
     __slots__ = (
-        "breaker", "draining", "failures", "healthy", "id", "info", "last_error", "load", "pricing", "remote",
-        "running_reserve",
+        "breaker", "draining", "failures", "healthy", "id", "info", "info_stale", "last_error", "load",
+        "pricing", "remote", "running_reserve",
     )  # fmt: skip
 
     def __init__(
@@ -44,6 +44,7 @@ class Replica:
         self.id: ReplicaId = url.rstrip("/")
         self.pricing = pricing or _unpriced  # its current seconds per prefill token (proxy/fleet/load.py)
         self.info: ReplicaInfo | None = None
+        self.info_stale = False  # read its info at the next check (its KV publisher came back)
         self.healthy = False
         self.draining = False
         self.failures = 0

@@ -3,8 +3,9 @@
     kvroute.access: POST /v1/chat/completions 200 replica=http://10.0.0.2:30000 reason=prefix_gpu
                     ttft_ms=412 prompt=6120 cached=6016 completion=211 attempts=1 id=3f9c... ms=2730
 
-``forward`` leaves what it knows on the request (``ACCESS``: replica, reason, TTFT, token counts, the
-number of attempts); the errors middleware writes the line once the answer is known, so rejected
+``forward`` leaves what it knows on the request (``ACCESS``: replica, reason, TTFT (the first streamed
+byte; for an answer that is not streamed, when the whole answer arrived), token counts, the number of
+attempts); the errors middleware writes the line once the answer is known, so rejected
 requests (400, 404, 413, 503) are logged too, with what was known of them. Logger ``kvroute.access`` at
 INFO: route it elsewhere with the logging configuration.
 

@@ -6,8 +6,7 @@ scraped, so a family always shows the fleet as it is now. They write text (``pro
 - ``MembershipCollector``: ``kvroute_replica_healthy``, ``kvroute_inflight_requests`` per replica.
 - ``AccuracyCollector``: the cache model's predicted vs reported cached tokens (means, error ratio).
 - ``FleetCollector``: per replica the load in work (``proxy/fleet/load.py``: queued prefill seconds and
-tokens,
-  the KV held by requests in flight, utilization, arrival rate, draining), its circuit breaker (state,
+  tokens, the KV held by requests in flight, utilization, arrival rate, draining), its circuit breaker (state,
   trips) and the cache model per tier (``routing.status``): blocks, the engine tokens they weigh, the
   capacity, and the estimated bytes ``table_bytes + KEY_BYTES x blocks`` (the dict table measured, a
   64-bit int key per block; a key shared by two tiers is counted in each, so this is an upper bound);

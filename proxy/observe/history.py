@@ -38,6 +38,7 @@ class Outcome(NamedTuple):
     ttft_s: float | None = None
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    predicted_prompt_tokens: int | None = None  # the gateway's count (exact with its tokenizer)
 
     def to_json(self) -> dict[str, Any]:
         return self._asdict()
@@ -61,6 +62,10 @@ class History:
     def decisions(self) -> list[Outcome]:
         """The recent decisions, newest first."""
         return list(reversed(self._decisions))
+
+    def recent(self, replica: str, since: float) -> list[Outcome]:
+        """The replica's outcomes at or after wall time ``since``, oldest first."""
+        return [o for o in self._replicas.get(replica, ()) if o.at >= since]
 
     def ttfts(self, replica: str) -> list[float]:
         """The replica's recent measured TTFTs (seconds), oldest first (requests with a first byte)."""

@@ -205,6 +205,7 @@ class GatewayMetrics:
                 ttft_s=report.ttft_s,
                 prompt_tokens=report.prompt_tokens,
                 cached_tokens=report.cached_tokens,
+                predicted_prompt_tokens=ticket.request.prompt_tokens,
             )
         )
 

@@ -7,15 +7,17 @@
   echo the offending header. Unexpected 500s keep aiohttp's traceback (those are bugs) but get the JSON
   body too.
 - ``serve`` listens (a port already in use is one line, not a traceback), over TLS when given an
-  ``ssl.SSLContext`` (``tls_context``: ``--tls-cert/--tls-key``), prints the ready line, and runs until
-  SIGINT or SIGTERM; then drains (``proxy/runtime/drain.py``) and closes the app (its cleanup contexts close
-  the upstream session and the health poller). It returns the exit status.
+  ``ssl.SSLContext`` (``tls_context``: ``--tls-cert/--tls-key``), prints the ready line (``kvroute ready URL
+  TIMESTAMP``, the local time with its offset), and runs until SIGINT or SIGTERM; then drains
+  (``proxy/runtime/drain.py``) and closes the app (its cleanup contexts close the upstream session and the
+  health poller). It returns the exit status.
 """
 
 from __future__ import annotations
 
 import logging
 import ssl
+import time
 from typing import Any
 
 import orjson
@@ -115,7 +117,8 @@ async def serve(
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         scheme = "https" if ssl_context is not None else "http"
         bound = run.addresses[0][1] if port == 0 and run.addresses else port  # port 0: the one given
-        print(f"kvroute ready {scheme}://{host}:{bound}", flush=True)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print(f"kvroute ready {scheme}://{host}:{bound} {stamp}", flush=True)
         await signals.next()
         return await drain(app, signals, drain_timeout_s)
     finally:

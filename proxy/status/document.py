@@ -3,8 +3,9 @@
 Top level: ``time`` (epoch seconds), ``policy``, ``healthy_replicas``, ``replicas`` (below), ``models``,
 ``cache_model`` (prediction accuracy per replica), ``router`` (``routing.status.RouterStatus``),
 ``config`` (settings, secrets redacted), ``decisions`` (the last routing decisions, newest first:
-``proxy.observe.history.Outcome``), ``scrape_interval_s``, and one key per section other modules registered
-(``GatewayMetrics.register_section``; the warm-up API's ``warmup``).
+``proxy.observe.history.Outcome``), ``scrape_interval_s``, ``warnings`` (replicas whose view is degraded,
+a state store down), and one key per section other modules registered (``GatewayMetrics.register_section``:
+the warm-up API's ``warmup``, the KV events' ``kv_events``, the knowledge watch's ``knowledge``, ...).
 
 Per replica, next to its membership and pools (``proxy.fleet.replica.Replica.status``):
 
@@ -99,4 +100,20 @@ def status_document(gw: Gateway) -> dict[str, Any]:
         "decisions": [o.to_json() for o in gw.metrics.history.decisions()],
         "scrape_interval_s": gw.metrics.scraper.interval_s,
     }
-    return {**gw.metrics.sections(), **core}  # a section never replaces a key of the core document
+    sections = gw.metrics.sections()
+    core["warnings"] = warnings(sections)
+    return {**sections, **core}  # a section never replaces a key of the core document
+
+
+def warnings(sections: dict[str, Any]) -> list[str]:
+    """What needs a look, from the sections: replicas whose view is degraded, a state store that does
+    not answer (the replicas' own warnings are in their entries)."""
+    out = [
+        f"{rid}: the gateway's view is degraded: {k['reason']}"
+        for rid, k in (sections.get("knowledge") or {}).items()
+        if isinstance(k, dict) and k.get("state") == "degraded"
+    ]
+    state = sections.get("state")
+    if isinstance(state, dict) and state.get("state") == "degraded":
+        out.append(f"state store {state.get('store')} unavailable: {state.get('last_error')}")
+    return out

@@ -2,8 +2,9 @@
 
 Here: ``state_sync`` (the publisher and reader loops over a state store), ``state_store`` and ``redis_store``
 (the store seam: memory, Redis), ``shared_docs`` (load, rates and warm-ups other gateways see),
-``kv_subscriber``, ``kv_feed`` and ``kv_wire`` (SGLang's KV events: subscriptions, one replica's feed,
-the wire format).
+``kv_subscriber``, ``kv_feed``, ``kv_link`` and ``kv_wire`` (SGLang's KV events: subscriptions, one
+replica's feed, its connection, the wire format), ``knowledge`` (how far the view of each replica can
+be trusted: exact, learned or degraded).
 
-May import: ``context``, ``fleet``, ``upstream``.
+May import: ``context``, ``fleet``, ``observe``, ``upstream``.
 """

@@ -11,8 +11,18 @@ last one applied:
   until the end marker, within ``REPLAY_TIMEOUT_S``) and applied in order; if some cannot be had (no
   replay endpoint, a trimmed buffer, a time-out) the Router is told ``kv_reset(replica, "gap")``
   (a late join without a replay endpoint is not a reset: nothing was known before);
-- ``restart`` (seq <= last: a new publisher counts from 0 again): ``kv_reset(replica, "restart")``,
-  then applied.
+- ``restart`` (seq <= last: a new publisher counts from 0 again): the restart owner is told
+  (``proxy/fleet/restarts.py``: the model resets once, here), the new publisher's earlier batches are
+  replayed from 0, then it is applied;
+- ``duplicate`` (seq <= the last batch a catch-up replay applied): already applied, skipped.
+
+**Catch-up**: when the feed starts (a gateway that starts or restarts, a replica that joins) it asks the
+replay endpoint for every buffered batch from 0 before it reads live ones, so its view equals the
+replica's at once instead of when the replica next publishes; live batches that the replay already
+covered are then duplicates. The buffer holds the last ``buffer_steps`` batches (SGLang: 10000): a
+replica that published more has its history from ``stats.history_from`` only. ``new_epoch`` (the
+restart owner, when the replica's start time changed before the feed saw a new sequence) makes the next
+batch the first of a new publisher: the tracker forgets its last seq and replays from 0.
 
 Batches go to ``Router.apply_kv_events`` on the event loop (the Router is synchronous): its cost is
 measured (``apply_s``). A large message is decoded in a thread first (``decode_off_loop``). Undecodable
@@ -31,6 +41,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from proxy.sync.kv_link import Link, follow
 from proxy.sync.kv_wire import WireError, decode_message, decode_replay, replay_request
 from routing.kv_events import EventBatch
 from routing.types import ReplicaId
@@ -50,6 +61,10 @@ class FeedStats:
     resets: int = 0
     decode_errors: int = 0
     last_seq: int = -1
+    history_from: int = 0  # the first seq a catch-up replay found (> 0: earlier batches were trimmed)
+    duplicates: int = 0
+    live_batches: int = 0  # received on the SUB (the others came from a replay)
+    last_live_at: float = 0.0  # wall time the last live batch was received (0: none yet)
     lag_s: float = 0.0  # receive time - publish time of the last live batch
     apply_s: float = 0.0  # seconds spent in Router.apply_kv_events, in total
 
@@ -59,8 +74,13 @@ class SeqTracker:
 
     def __init__(self) -> None:
         self.last: int | None = None
+        self.replayed_to: int | None = None  # the last seq a catch-up replay applied (until passed)
 
     def classify(self, seq: int) -> str:
+        if self.replayed_to is not None:
+            if seq <= self.replayed_to:
+                return "duplicate"
+            self.replayed_to = None
         if self.last is None:
             return "first" if seq == 0 else "gap"
         if seq == self.last + 1:
@@ -73,6 +93,10 @@ class SeqTracker:
 
 Apply = Callable[[EventBatch], None]
 Reset = Callable[[str], None]
+
+
+def _nothing() -> None:
+    pass
 
 
 class KvFeed:
@@ -88,6 +112,7 @@ class KvFeed:
         topic: str,
         apply: Apply,
         reset: Reset,
+        on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self.replica = replica
         self.endpoint = endpoint
@@ -98,13 +123,34 @@ class KvFeed:
         self._ctx = ctx
         self._apply = apply
         self._reset = reset
+        self._epoch = False
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        (self._sub.bind if bind else self._sub.connect)(endpoint)
+        self.link = Link(self._sub, on_reconnect or _nothing)  # the connection (proxy/sync/kv_link.py)
+        try:
+            (self._sub.bind if bind else self._sub.connect)(endpoint)
+        except zmq.ZMQError:
+            self.close()
+            raise
+
+    def new_epoch(self) -> None:
+        """The replica is a new process: its next batch starts a new sequence (module docstring)."""
+        self._epoch = True
 
     async def run(self) -> None:
-        """Reads and applies batches until cancelled."""
+        """Follows the connection; catches up from the replay endpoint, then reads and applies batches
+        until cancelled."""
+        monitor = asyncio.get_running_loop().create_task(follow(self.link))
+        try:
+            await self._read()
+        finally:
+            monitor.cancel()
+            await asyncio.gather(monitor, return_exceptions=True)
+
+    async def _read(self) -> None:
+        if self.replay_endpoint:
+            await self.catch_up()
         while True:
             frames = await self._sub.recv_multipart()
             try:
@@ -118,16 +164,39 @@ class KvFeed:
             await self.accept(batch, time.time())
 
     async def accept(self, batch: EventBatch, now: float) -> None:
-        """One live batch: gap or restart handling first, then applied."""
+        """One live batch: gap or restart handling first, then applied (a duplicate is skipped)."""
         self.stats.lag_s = max(0.0, now - batch.ts)
+        self.stats.live_batches += 1
+        self.stats.last_live_at = now
+        if self._epoch:
+            self._epoch, self.seq.last, self.seq.replayed_to = False, None, None
         kind = self.seq.classify(batch.seq)
+        if kind == "duplicate":
+            self.stats.duplicates += 1
+            return
         if kind == "restart":
             self._reset_model("restart")
-        elif kind == "gap":
+            self.seq.last = None
+            kind = self.seq.classify(batch.seq)
+        if kind == "gap":
             await self._fill(batch.seq)
         self._apply_one(batch)
 
+    async def catch_up(self) -> None:
+        """Every buffered batch from the next one this feed lacks (0 at the start), applied in order."""
+        start = self.seq.missing_from()
+        got = sorted(await self._replay(start, None), key=lambda b: b.seq)
+        if not got:
+            return
+        if got[0].seq != start:
+            self.stats.history_from = got[0].seq
+        for b in got:
+            if self.seq.last is None or b.seq == self.seq.last + 1:
+                self._apply_one(b)
+        self.seq.replayed_to = self.seq.last
+
     def close(self) -> None:
+        self.link.close()
         self._sub.close(linger=0)
 
     async def _fill(self, upto: int) -> None:
@@ -143,8 +212,9 @@ class KvFeed:
         if not late_join or self.replay_endpoint:
             self._reset_model("gap")
 
-    async def _replay(self, start: int, upto: int) -> list[EventBatch]:
-        """Batches ``start .. upto - 1`` from the replay endpoint (fewer on a time-out or a short buffer)."""
+    async def _replay(self, start: int, upto: int | None) -> list[EventBatch]:
+        """Batches ``start .. upto - 1`` (``upto`` None: all that are buffered) from the replay endpoint
+        (fewer on a time-out or a short buffer)."""
         assert self.replay_endpoint is not None
         self.stats.replays += 1
         sock = self._ctx.socket(zmq.DEALER)
@@ -155,7 +225,7 @@ class KvFeed:
             await sock.send_multipart([b"", replay_request(start)])
             async with asyncio.timeout(REPLAY_TIMEOUT_S):
                 while (b := decode_replay(await sock.recv_multipart())) is not None:
-                    if start <= b.seq < upto:
+                    if start <= b.seq and (upto is None or b.seq < upto):
                         got.append(b)
         except (TimeoutError, WireError, zmq.ZMQError) as exc:
             log.warning("KV event replay from %s failed: %s", self.replica, exc or "timed out")

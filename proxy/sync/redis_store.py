@@ -22,7 +22,17 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
-from proxy.sync.state_store import GATEWAY_TTL_S, LOG_MAX, LOG_TTL_S, Batch, Doc, decode, encode
+from proxy.sync.state_store import (
+    GATEWAY_TTL_S,
+    LOG_MAX,
+    LOG_TTL_S,
+    Batch,
+    Doc,
+    MemoryStore,
+    StateStore,
+    decode,
+    encode,
+)
 from routing.sharing import Event
 
 TIMEOUT_S = 1.0
@@ -138,3 +148,13 @@ def _entries(found: dict[Any, Any], key: str) -> list[tuple[Any, Any]]:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def store_from_url(url: str, namespace: str) -> StateStore:
+    """``memory`` or a Redis URL (see the module docstring); ValueError for anything else."""
+    if url == "memory":
+        return MemoryStore()
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "redis+cluster", "redis+sentinel", "unix"):
+        raise ValueError(f"expected memory or a redis:// URL, got {url!r}")
+    return RedisStore(url, namespace)

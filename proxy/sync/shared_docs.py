@@ -13,6 +13,9 @@ kind (``adopt``: gateway -> decoded JSON). Three parts:
   the other gateways' clients waits on there past its first-byte deadline, as if this gateway saw the bytes;
 - ``RatesPart`` (every round, ttl 30 s): the rates this gateway learned itself
   (``RateBook.export``); adopted with ``RateBook.adopt`` (pooled by samples);
+- ``CalibrationPart`` (every second, ttl 30 s): its token estimate, bytes per engine token and the
+  reports it learned from; adopted with ``Router.adopt_calibration``, so a gateway that starts among
+  others predicts with their estimate instead of the default 4 characters per token;
 - the warm-up registry (``proxy/warm/api.py`` adds it: ``WarmupsPart``).
 """
 
@@ -25,6 +28,7 @@ from proxy.fleet.fleet import Fleet
 from proxy.fleet.load import LoadView
 from proxy.upstream.liveness import Liveness
 from routing.rates import RateBook, SharedRates
+from routing.router import Router
 
 
 class Part(Protocol):
@@ -104,6 +108,19 @@ class RatesPart:
             for d in docs.values()
         ]
         self.rates.adopt(peers)
+
+
+class CalibrationPart:
+    kind, every_s, ttl_s = "calibration", 1.0, 30.0
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def export(self) -> list[float]:
+        return [self.router.tokens.bytes_per_token, float(self.router.tokens.samples)]
+
+    def adopt(self, docs: dict[str, Any]) -> None:
+        self.router.adopt_calibration([(float(d[0]), int(d[1])) for d in docs.values()])
 
 
 def _row(v: list[float]) -> tuple[float, float, float, float, float, int]:

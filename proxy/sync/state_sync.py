@@ -31,9 +31,14 @@ rates learned apart; with rates every round, documents adopted after each read a
   its own view, degraded.
 - **Trouble** (the store down, slow, restarted, flushed, failing over): a round that fails keeps what it
   had to publish for the next one (bounded), routing goes on with the local view and zero failed
-  requests, and the change is said once (a WARNING, ``kvroute_state_sync_up`` 0, ``/status``); when the
-  store answers again the task says so and reads on from its last position (a flushed store simply
+  requests, and the change is said once (a WARNING, ``kvroute_state_sync_up`` 0, ``/status``). While it
+  lasts both loops back off (full jitter, ``proxy.upstream.retry_budget.backoff_s``: from ``RETRY_S``
+  doubling to ``RETRY_MAX_S``),
+  so an outage costs a few attempts a second, not one per load change; when the store answers again
+  the task says so, clears ``last_error`` and reads on from its last position (a flushed store simply
   has nothing older: new entries follow).
+- **Said at start**: the store reached (or not), and how many events of how many other gateways the
+  start-up replay applied.
 - **Stop**: the gateway leaves the store (its heartbeat and documents are deleted), so the others stop
   counting it as a peer and its load at once rather than when those expire.
 """
@@ -48,7 +53,6 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -56,15 +60,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from proxy.context import GATEWAY, Gateway
-from proxy.sync.redis_store import RedisStore
-from proxy.sync.shared_docs import LoadPart, Part, RatesPart, Schedule
-from proxy.sync.state_store import Doc, MemoryStore, StateStore
+from proxy.sync.redis_store import store_from_url
+from proxy.sync.shared_docs import CalibrationPart, LoadPart, Part, RatesPart, Schedule
+from proxy.sync.state_store import Doc, StateStore
+from proxy.upstream.retry_budget import backoff_s
 from routing.sharing import MAX_BUFFERED, Event
 
 log = logging.getLogger("kvroute.state")
 START_WAIT_S = 5.0
 MIN_GAP_S = 0.002  # between two publishing rounds
 STOP_WAIT_S = 2.0
+RETRY_S, RETRY_MAX_S = 0.1, 5.0  # the backoff between rounds while the store does not answer
 
 
 @dataclass
@@ -92,9 +98,15 @@ class StateSync:
     _pending: list[Event] = field(default_factory=list)
     _kick: asyncio.Event = field(default_factory=asyncio.Event)
     _schedule: Schedule = field(default_factory=Schedule)
+    _failed_rounds: dict[str, int] = field(default_factory=lambda: {"publish": 0, "read": 0})
 
     def __post_init__(self) -> None:
-        self.parts += [LoadPart(self.gw.fleet, self.gw.liveness), RatesPart(self.gw.router.rates)]
+        router = self.gw.router
+        self.parts += [
+            LoadPart(self.gw.fleet, self.gw.liveness),
+            RatesPart(router.rates),
+            CalibrationPart(router),
+        ]
 
     def kick(self) -> None:
         """The Router has a new event to share: publish without waiting for the next round."""
@@ -109,6 +121,10 @@ class StateSync:
         """Runs until cancelled: the start-up replay, then the publisher and the reader."""
         try:
             await asyncio.wait_for(self._start(), timeout=START_WAIT_S)
+            log.info(
+                "state store %s reached: %d events of %d other gateways replayed at start",
+                self.store.name, self.stats.applied_events, self.stats.peers,
+            )  # fmt: skip
         except Exception as e:
             self._trouble(e)
         self.ready.set()
@@ -126,8 +142,10 @@ class StateSync:
             self._kick.clear()
             try:
                 await self._publish()
+                self._failed_rounds["publish"] = 0
             except Exception as e:
                 self._trouble(e)
+                await asyncio.sleep(self._backoff("publish"))
             await asyncio.sleep(MIN_GAP_S)
 
     async def _reading(self) -> None:
@@ -143,9 +161,10 @@ class StateSync:
                     await self._adopt(self.parts)
                     adopted = now
                 self._ok()
+                self._failed_rounds["read"] = 0
             except Exception as e:
                 self._trouble(e)
-                await asyncio.sleep(self.interval_s)
+                await asyncio.sleep(max(self.interval_s, self._backoff("read")))
             await asyncio.sleep(MIN_GAP_S)
 
     async def _start(self) -> None:
@@ -176,7 +195,7 @@ class StateSync:
         if self.stats.state != "synced":
             if self.stats.state == "degraded":
                 log.warning("state store %s answers again: shared state resumes", self.store.name)
-            self.stats.state = "synced"
+            self.stats.state, self.stats.last_error = "synced", None
 
     async def _apply_log(self, block_s: float) -> bool:
         """Applies the others' batches; whether anything of theirs came (their batches, or a read that
@@ -205,6 +224,11 @@ class StateSync:
                 p.adopt(found.get(p.kind, {}))
             except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
                 log.warning("a %s document from another gateway is malformed (%s): ignored", p.kind, e)
+
+    def _backoff(self, loop: str) -> float:
+        """The wait before that loop's next round, after one more failed in a row."""
+        self._failed_rounds[loop] += 1
+        return backoff_s(min(self._failed_rounds[loop], 20), RETRY_S, RETRY_MAX_S)
 
     def _trouble(self, e: BaseException) -> None:
         self.stats.failures += 1
@@ -292,13 +316,3 @@ def add_to(app: web.Application) -> None:
     gw.metrics.register_section("state", sync.status)
     app[STATE_SYNC] = sync
     app.cleanup_ctx.append(_sync_ctx)
-
-
-def store_from_url(url: str, namespace: str) -> StateStore:
-    """``memory`` or a Redis URL (see the module docstring); ValueError for anything else."""
-    if url == "memory":
-        return MemoryStore()
-    scheme = urlsplit(url).scheme
-    if scheme not in ("redis", "rediss", "redis+cluster", "redis+sentinel", "unix"):
-        raise ValueError(f"expected memory or a redis:// URL, got {url!r}")
-    return RedisStore(url, namespace)

@@ -12,8 +12,7 @@ Error classification (what the handler may retry on another replica):
 - the connection reset/closed before any response byte (a replica restarting, or a stale keep-alive
   connection): ``UpstreamUnavailable(retryable=True)``;
 - no first byte by the request's first-byte deadline (``proxy/upstream/deadlines.py``; the response headers
-and,
-  for a stream, its first chunk): ``UpstreamTimeout(retryable=True)`` (the caller aborts it on the
+  and, for a stream, its first chunk): ``UpstreamTimeout(retryable=True)`` (the caller aborts it on the
   replica and retries elsewhere, nothing having reached the client);
 - a failure while reading a whole body or a stream's first chunk: ``UpstreamUnavailable(retryable=True)``;
 - a stream idle for ``idle_s`` after its first chunk: ``UpstreamTimeout``; a connection failing after

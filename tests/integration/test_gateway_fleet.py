@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -75,7 +76,9 @@ def test_kvroute_serve_subprocess(tmp_path: Path) -> None:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == f"kvroute ready http://127.0.0.1:{port}"
+            ready = proc.stdout.readline().split()  # kvroute ready URL TIMESTAMP
+            assert ready[:3] == ["kvroute", "ready", f"http://127.0.0.1:{port}"]
+            assert time.strptime(ready[3], "%Y-%m-%dT%H:%M:%S%z")
             url = f"http://127.0.0.1:{port}/status"
             with pytest.raises(urllib.error.HTTPError, match="401"):  # behind the admin key
                 urllib.request.urlopen(url, timeout=5)

@@ -33,7 +33,7 @@ async def gateway_process(log: Path, *flags: str) -> AsyncIterator[GatewayProces
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)).decode().strip()
         assert line.startswith("kvroute ready "), line  # else: see the log
-        yield GatewayProcess(proc, line.removeprefix("kvroute ready "), log)
+        yield GatewayProcess(proc, line.split()[2], log)  # kvroute ready URL TIMESTAMP
     finally:
         if proc.returncode is None:
             proc.kill()

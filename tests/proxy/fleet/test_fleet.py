@@ -69,7 +69,7 @@ async def test_restart_is_detected_and_the_index_told(stack: Stack) -> None:
     gw = stack.gw
     restarted: list[str] = []
     removed: list[str] = []
-    gw.fleet._on_restart, gw.fleet._on_removed = restarted.append, removed.append
+    gw.fleet.restarts._restart, gw.fleet._on_removed = restarted.append, removed.append
     before = (await stack.replicas[0].state())["startup_time"]
     await stack.replicas[0].fault(action="restart")  # new startup_time, GPU and host tiers lost
     after = (await stack.replicas[0].state())["startup_time"]

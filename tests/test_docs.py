@@ -27,6 +27,11 @@ Each fenced block is one test (``README.md:42``). Its language decides what is d
   (``[[key]]`` tables) with ``proxy.tenancy.keys.load_keys``. ``jsonl``: every line a JSON object; a
   keys file (entries with ``key`` or ``sha256``) loaded with ``load_keys``. ``json`` and ``yaml``: parsed.
 - ``text``: output and pictures, not run. A block without a language, or in another one, fails.
+  Indented blocks (four spaces) are formulas, not code: they are not read.
+
+Also: docs/configuration.md is what ``python -m proxy.config.reference`` writes; docs/design.md's wing
+tables list every wing of proxy/ and bench/ with its docstring's ``May import:`` names; every relative
+link of these pages names a file that exists (and a heading of it). The whole module takes ~5 s.
 """
 
 from __future__ import annotations

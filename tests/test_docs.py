@@ -44,7 +44,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config.reference import render
+from proxy.config.converters import CONVERTERS
+from proxy.config.reference import accepts, render
 from proxy.config.settings import load_settings
 from proxy.tenancy.keys import load_keys
 from tests.conftest import Emulators, StartGateway
@@ -210,3 +211,18 @@ def test_links_resolve(page: Path) -> None:
         if anchor and dest.suffix == ".md":
             headings = re.findall(r"^#+ (.+)$", prose(dest), flags=re.M)
             assert anchor in {slug(h) for h in headings}, f"{page.name}: {target}: no such heading"
+
+
+def test_the_reference_describes_every_kind_of_value() -> None:
+    """Each converter kind gets its description, and a converter it does not know stops the generator
+    (a new kind of setting cannot leave docs/configuration.md quietly wrong)."""
+    assert accepts(CONVERTERS["port"]) == "an integer in [0, 65535]"
+    assert accepts(CONVERTERS["retry_backoff"]) == "a number >= 0.0"
+    assert accepts(CONVERTERS["kv_events"]) == "one of auto, on, off"
+    assert accepts(CONVERTERS["public_status"]).startswith("true or false")
+
+    def _new_kind(value: object) -> str:
+        return str(value)
+
+    with pytest.raises(KeyError):
+        accepts(_new_kind)

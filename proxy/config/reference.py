@@ -91,17 +91,19 @@ def accepts(conv: Callable[[object], Any]) -> str:
     return f"a number {'>=' if held['inclusive'] else '>'} {held['lo']}"
 
 
+def _key(flag: str) -> str:
+    """``--max-body-bytes`` -> ``max_body_bytes`` (as ``flags.parser`` names its destinations)."""
+    return flag[2:].replace("-", "_")
+
+
 def _flags() -> dict[str, str]:
     """key -> the flag as typed (``--port PORT``; a switch alone)."""
-    out = {flag[2:].replace("-", "_"): f"{flag} {metavar}" for flag, metavar, _ in FLAGS}
-    out.update((flag[2:].replace("-", "_"), flag) for flag, _ in SWITCHES)
-    return out
+    out = {_key(flag): f"{flag} {metavar}" for flag, metavar, _ in FLAGS}
+    return out | {_key(flag): flag for flag, _ in SWITCHES}
 
 
 def _helps() -> dict[str, str]:
-    out = {flag[2:].replace("-", "_"): text for flag, _, text in FLAGS}
-    out.update((flag[2:].replace("-", "_"), text) for flag, text in SWITCHES)
-    return out
+    return {_key(flag): text for flag, _, text in FLAGS} | {_key(flag): text for flag, text in SWITCHES}
 
 
 def _defaults() -> dict[str, object]:

@@ -34,7 +34,7 @@ batch 32: ~12 tokens/s per sequence) the pool, not the prefill engine, is what u
 replica whose running requests hold long budgets admits nothing for seconds while its prefill queue is empty.
 Memory and the prefill queue overlap in time (the queue ahead drains while decoders free memory), so they
 combine by max. The cached prefixes that running requests lock are not counted (counting each locked block
-once was tried and gained nothing: bench/README, "KV memory in the predicted TTFT").
+once was tried and gained nothing: docs/experiments.md).
 
 The default policy's scorer (``routing.placement``) computes the terms once per candidate and keeps
 them in its ``Scored`` entries; the chosen candidate's terms become the request's ``Prediction``.

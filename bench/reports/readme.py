@@ -58,9 +58,18 @@ def section(
     for p in points:
         if p.workload != workload:
             workload = p.workload
-            lines += ["", f"### {workload}"]
-        lines += ["", p.table_md, "", f"Results and plots: `{_rel(p.path, base)}/`."]
+            lines += ["", f"### {workload}", ""]
+        lines += _point_lines(p, base)
     return "\n".join(lines)
+
+
+def _point_lines(p: PointLike, base: Path) -> list[str]:
+    """One point in brief: its caption, kvroute's verdict, and a link to its full table and plots."""
+    text = p.table_md.strip().splitlines()
+    caption = text[0] if text else p.workload
+    verdict = [ln for ln in text if ln.startswith("kvroute-cost:")]
+    where = _rel(p.path, base / "bench")
+    return [f"- {caption}", *(f"  - {v}" for v in verdict), f"  - [table and plots]({where}/table.md)"]
 
 
 def update(

@@ -14,7 +14,7 @@
 #   EXTRA_ARGS             more SGLang flags, split on spaces (e.g. speculative decoding, mamba sizes)
 #   SGLANG_PYTHON (python3)
 #
-# Why these flags (two practitioners' reports, "the seeds"; README.md "Production" has their numbers):
+# Why these flags (two practitioners' reports; docs/operations.md "Sizing a replica" has their numbers):
 # - --hicache-write-policy write_back: on a hybrid GDN+attention model, write_through (SGLang's default)
 #   filled the host pool (592,658 of 709,577 tokens) but a 40K-token context re-sent after eviction
 #   pressure took 15.4 s, as long as cold; with write_back the same probe took 0.4 s (38x), 0.1 s once

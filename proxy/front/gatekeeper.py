@@ -25,6 +25,7 @@ from proxy.context import GATEWAY, Gateway
 from proxy.errors import RateLimited, Unauthorized
 from proxy.front.handlers import Handler
 from proxy.front.request_guard import has_prefix
+from proxy.tenancy.admin_key import is_admin
 from proxy.tenancy.namespace import CLIENT_KEY
 
 WARMUP = "/v1/warmup"  # under /v1 but with its own authorization (proxy/warm/api.py)
@@ -51,9 +52,16 @@ def authenticate(request: web.Request, gw: Gateway) -> None:
     key = gw.keys.authenticate(request.headers.get("Authorization"))
     if key is not None:
         request[CLIENT_KEY] = key
-    elif client_api:
+    elif client_api and not _operator_read(request, gw):
         gw.admission.reject("unauthorized")
         raise Unauthorized("Incorrect or missing API key: send Authorization: Bearer <key>")
+
+
+def _operator_read(request: web.Request, gw: Gateway) -> bool:
+    """The admin key may list the served models (``kvroute warm`` asks which model to warm)."""
+    return (
+        request.method == "GET" and has_prefix(request.path, "/v1/models") and is_admin(request, gw.settings)
+    )
 
 
 @web.middleware

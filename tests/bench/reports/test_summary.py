@@ -59,7 +59,7 @@ def test_summary_rows_plots_and_readme_section(tmp_path: Path) -> None:
     assert "![rag](results/plots/rag.png)" in text
     assert (
         text.count("**rag**, profile") == 3
-        and "Results and plots: `bench/results/h200/load-0.6/rag/`." in text
+        and "[table and plots](results/h200/load-0.6/rag/table.md)" in text
     )
     assert text.index("### rag") < text.index("### probe")
 

@@ -66,6 +66,10 @@ async def test_a_known_key_is_needed_on_the_client_api_only(
             assert r.status == 401
         async with s.get(stack.url + "/v1/models", headers=_auth("c")) as r:
             assert r.status == 200
+        async with s.get(stack.url + "/v1/models", headers=ADMIN) as r:
+            assert r.status == 200  # the operator may list models (kvroute warm asks which to warm)
+        async with s.post(stack.url + "/v1/completions", json=body, headers=ADMIN) as r:
+            assert r.status == 401  # but generates nothing: the admin key is not a client key
         async with s.post(stack.url + "/generate", json={"text": "hi"}, headers=_auth("b")) as r:
             assert r.status == 200
         async with s.get(stack.url + "/health") as r:
@@ -83,7 +87,7 @@ async def test_a_known_key_is_needed_on_the_client_api_only(
             assert r.status == 200  # under /v1/ with its own keys: the admin key or a client key
         async with s.get(stack.url + "/v1/warmup") as r:
             assert r.status == 401
-    assert 'kvroute_rejections_total{reason="unauthorized"} 4' in stack.metrics()
+    assert 'kvroute_rejections_total{reason="unauthorized"} 5' in stack.metrics()  # and the admin key's POST
 
 
 async def test_the_tenant_salt_is_forced_and_cannot_be_reached(

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from typing import Any
 
 from bench.sim.spec import ReplicaSpec
 from emulator.config import EmulatorConfig
 from emulator.info_api import VERSION, memory_usage, server_args
 from emulator.replica import Replica
-from emulator.tickets import Ticket, Work
+from emulator.tickets import Prefilled, Ticket, Work
 from proxy.replica_info import ReplicaInfo, parse_replica_info
 
 SERVED_MODEL = "default"  # the model the workloads name (bench.workload_types.MODEL)
@@ -54,6 +55,28 @@ def emulator_config(
     )
 
 
+@dataclass(slots=True)
+class Counters:
+    """The engine's listener in the simulator (``emulator.tickets.EngineListener``): plain counts in place
+    of the replica's Prometheus registry, which nothing scrapes here and which the engine calls per token."""
+
+    admitted: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+
+    def on_admit(self, queue_s: float, prefilled: Prefilled, prompt_tokens: int) -> None:
+        self.admitted += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += prefilled.cached_tokens
+
+    def on_step(self, hit_tokens: int, new_tokens: int) -> None:
+        """Nothing is counted per step."""
+
+    def on_tokens(self, count: int) -> None:
+        self.generated_tokens += count
+
+
 class SimReplica:
     """One emulated replica and its engine task (module docstring)."""
 
@@ -63,6 +86,8 @@ class SimReplica:
         self.emu = Replica.build(cfg, 30_000 + index)
         self.emu.startup_time = float(index + 1)
         self.emu.set_slow(1.0 / spec.speed)
+        self.counters = Counters()
+        self.emu.engine.listener = self.counters  # not Prometheus: nothing scrapes it, and it is per token
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from bench.sim.balance import BalanceMeter
 from bench.sim.clock import run_virtual
@@ -106,8 +107,8 @@ class Simulation:
     def _start(self, req: SimRequest) -> None:
         self._spawn(self._serve(req, asyncio.get_running_loop().time()))
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.get_running_loop().create_task(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -128,7 +129,9 @@ class Simulation:
         self.meter.ended(rid, end, prefilled is not None)
         self._finish(req, job, routed, prefilled, first, ok, due, end)
 
-    async def _until_first(self, ticket: Ticket, routed: Routed) -> tuple[Prefilled | None, float | None, bool]:
+    async def _until_first(
+        self, ticket: Ticket, routed: Routed
+    ) -> tuple[Prefilled | None, float | None, bool]:
         prefilled: Prefilled | None = None
         while True:
             event = await ticket.events.get()

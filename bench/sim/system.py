@@ -21,8 +21,9 @@ from typing import Any, Protocol
 
 from bench.sim.jobs import Job
 from bench.sim.replica import SimReplica
+from routing.config import POLICY_NAMES
 
-POLICIES = ("cost", "round_robin", "least_load", "cache_aware", "consistent_hash")
+POLICIES = POLICY_NAMES  # kvroute's policies (routing/policies/)
 SYSTEMS = (*POLICIES, "oracle")
 DEFAULT_SYSTEMS = ("cost", "round_robin", "least_load", "cache_aware", "oracle")
 KVROUTE = "cost"  # kvroute's default policy: the system every other one is compared with

@@ -96,7 +96,7 @@ def rag(seed: int, p: RagParams, span: float) -> list[Draft]:
 
 @dataclass(frozen=True, slots=True)
 class SessionParams:
-    sessions: int
+    count: int  # requests: sessions start until this many turns are drawn
     turns: int
     kind: str  # "agent" | "coding"
     prefix_tokens: int  # the system prompt (and tools) every session shares
@@ -109,31 +109,51 @@ class SessionParams:
 
 
 def sessions(seed: int, p: SessionParams, span: float) -> list[Draft]:
+    """Sessions start at uniform times until ``p.count`` turns are drawn (fewer if not even a first turn
+    fits ``max_prompt_tokens``)."""
     rng, words = random.Random(seed), WordSource(seed + 1)
     system = f"You are a {p.kind} assistant. " + words.sentences(p.prefix_tokens)
     repos = Library(seed + 2, "Repository", [p.repo_tokens] * p.repos)
     out: list[Draft] = []
-    for s, start in enumerate(arrivals(rng, p.sessions, span)):
+    while len(out) < p.count:
         history = [{"role": "system", "content": system}]
-        tokens = p.prefix_tokens
         if p.kind == "coding":
             history.append({"role": "user", "content": "Repository:\n" + repos.get(rng.randrange(p.repos))})
-            tokens += p.repo_tokens
-        prev: Draft | None = None
-        for t in range(p.turns):
-            step = rng.randint(*p.step_tokens)
-            if tokens + step + REPLY_TOKENS + OUTPUT_MAX > p.max_prompt_tokens:
-                break
-            label = "Tool output" if p.kind == "agent" else "Diff"
-            history.append({"role": "user", "content": f"{label} {t}:\n" + words.sentences(step)})
-            tokens += step
-            header = f"{p.kind}-{seed}-{s}" if p.header else None
-            body = chat(list(history), output_tokens(rng), stream=True)
-            think = rng.uniform(*p.think_s) if prev is not None else 0.0
-            prev = Draft(start, body, f"{p.kind}-turn", tokens, header, prev, think)
-            out.append(prev)
-            history.append({"role": "assistant", "content": words.words(REPLY_TOKENS)})
-            tokens += REPLY_TOKENS
+        header = f"{p.kind}-{seed}-{len(out)}" if p.header else None
+        turns = _turns(rng, words, p, history, rng.uniform(0.0, span), header, p.count - len(out))
+        if not turns:
+            break
+        out += turns
+    return out
+
+
+def _turns(
+    rng: random.Random,
+    words: WordSource,
+    p: SessionParams,
+    history: list[dict[str, str]],
+    start: float,
+    header: str | None,
+    most: int,
+) -> list[Draft]:
+    """One session's turns: each appends a tool output or a diff to the history, then the stand-in
+    of its reply; the session ends after ``p.turns`` turns or before its prompt outgrows the cap."""
+    tokens = p.prefix_tokens + (p.repo_tokens if p.kind == "coding" else 0)
+    label = "Tool output" if p.kind == "agent" else "Diff"
+    out: list[Draft] = []
+    prev: Draft | None = None
+    for t in range(min(p.turns, most)):
+        step = rng.randint(*p.step_tokens)
+        if tokens + step + REPLY_TOKENS + OUTPUT_MAX > p.max_prompt_tokens:
+            break
+        history.append({"role": "user", "content": f"{label} {t}:\n" + words.sentences(step)})
+        tokens += step
+        think = rng.uniform(*p.think_s) if prev is not None else 0.0
+        prev = Draft(start, chat(list(history), output_tokens(rng), stream=True), f"{p.kind}-turn", tokens,
+                     header, prev, think)  # fmt: skip
+        out.append(prev)
+        history.append({"role": "assistant", "content": words.words(REPLY_TOKENS)})
+        tokens += REPLY_TOKENS
     return out
 
 

@@ -97,8 +97,8 @@ def _session_params(rng: random.Random, count: int, fleet: DrawnFleet) -> Sessio
     prefix = min(rng.randint(1000, 8000), int(0.3 * fleet.min_gpu)) if kind == "agent" else 600
     step = (100, 400) if kind == "agent" else (300, 1500)
     think = (2.0, 6.0) if rng.random() < 0.5 else (8.0, 20.0)
-    repo = int(rng.uniform(0.2, 0.4) * fleet.min_gpu)
-    return SessionParams(max(2, count // turns), turns, kind, prefix, rng.randint(1, 4), repo, step, think,
+    repo = int(rng.uniform(0.15, 0.3) * fleet.min_gpu)
+    return SessionParams(count, turns, kind, prefix, rng.randint(1, 4), repo, step, think,
                          rng.random() < 0.6, cap)  # fmt: skip
 
 
@@ -116,7 +116,7 @@ def _ramp(drafts: list[Draft], rising: bool) -> None:
 def _assemble(
     seed: int, kind: str, fleet: DrawnFleet, drafts: list[Draft], load: float
 ) -> tuple[Scenario, list[FloorRequest]]:
-    order = sorted(range(len(drafts)), key=lambda i: (drafts[i].arrival_s, i))
+    order = sorted(range(len(drafts)), key=lambda i: (_root(drafts[i]).arrival_s, i))
     index = {id(drafts[i]): n for n, i in enumerate(order)}
     timed = tuple(_timed(drafts[i], n, index) for n, i in enumerate(order))
     workload = Workload(f"sim-{seed}", kind, timed, sweep=True)
@@ -127,6 +127,13 @@ def _assemble(
     requests = tuple(_sim_request(r, drafts[order[r.index]]) for r in scaled.requests)
     scenario = Scenario(seed, kind, fleet.profile, load, fleet.replicas, changes, requests, PAGE_SIZE)
     return scenario, ideal
+
+
+def _root(d: Draft) -> Draft:
+    """A session's first turn (its arrival orders the session's turns, which follow it in index)."""
+    while d.prev is not None:
+        d = d.prev
+    return d
 
 
 def _timed(d: Draft, n: int, index: dict[int, int]) -> TimedRequest:

@@ -6,7 +6,8 @@
     kvroute bench sim --seed 1042 --systems cost,cache_aware,oracle   # one scenario
 
 Each scenario (``bench.sim.scenarios``) is drawn from its seed and every system runs it on a fresh
-simulated fleet (``bench.sim.simulation``); a progress line per scenario goes to stderr. Results go under
+simulated fleet (``bench.sim.simulation``); a progress line per scenario goes to stderr as it ends (with
+``--jobs`` > 1 not always in seed order; the reports are). Results go under
 ``--out`` (default /tmp/kvroute-sim): ``<set>/scenarios/<seed>.json`` (every request of every system),
 ``<set>/summary.{md,json}`` and ``<set>/ratios.png`` (``bench.sim.report``); for ``--seed S`` the set
 is ``seed-S``. The same scenario and seed give the same results, byte for byte.
@@ -59,7 +60,7 @@ def _results(
         yield from map(_worker, tasks)
         return
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
-        yield from pool.imap(_worker, tasks, chunksize=1)
+        yield from pool.imap_unordered(_worker, tasks, chunksize=1)
 
 
 def _progress(k: int, n: int, r: ScenarioResult, wall: float, elapsed: float) -> str:
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> int:
         runs = [run.to_json() for run in result.runs]
         text = json.dumps({"summary": row, "runs": runs}, sort_keys=True)
         (out / "scenarios" / f"{result.seed}.json").write_text(text + "\n")
+    rows.sort(key=lambda row: seeds.index(row["seed"]))  # in set order, however the workers finished
     summary = set_summary(name, shlex.join(["kvroute", "bench", "sim", *argv]), systems, rows)
     write_reports(out, summary)
     elapsed = time.monotonic() - t0

@@ -3,7 +3,8 @@
 - 2-16 replicas (joiners included) on one timing profile (``rtx3090x2`` twice as often as ``h200``);
 - speeds: all equal, two tiers (some replicas at half speed: an older GPU generation), or each drawn in
   0.4-1.0;
-- GPU KV pools: one size for all (24K-96K tokens) or each replica 0.5x, 1x or 1.5x of it; HiCache
+- GPU KV pools: one size for all (32K-96K tokens) or each replica 0.5x, 1x or 1.5x of it (at least
+  16K tokens: a session's prompt may take 60% of the smallest pool); HiCache
   write_back with a host pool of 1-3x the GPU pool on most fleets, off on the rest (a few fleets mix);
 - changes (about a third of the fleets): one or two replicas join during the run (empty caches) and/or
   one or two are removed (drained), at fractions of the arrival span; at least two replicas are always
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from bench.sim.spec import ChangeKind, ReplicaSpec, replica_name
 
 PROFILES = ("rtx3090x2", "rtx3090x2", "h200")
-GPU_SIZES = (24_000, 32_000, 48_000, 64_000, 96_000)
+GPU_SIZES = (32_000, 48_000, 64_000, 96_000)
 MIN_REPLICAS, MAX_REPLICAS = 2, 16
 
 

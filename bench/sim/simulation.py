@@ -55,6 +55,7 @@ class Simulation:
         self.followers: dict[int, list[SimRequest]] = defaultdict(list)
         self._tasks: set[asyncio.Task[None]] = set()
         self._done = asyncio.Event()
+        self._error: BaseException | None = None  # a request's task failed: the run stops and raises it
 
     async def run(self) -> RunResult:
         loop = asyncio.get_running_loop()
@@ -70,6 +71,8 @@ class Simulation:
                 self.followers[req.after].append(req)
         if self.scenario.requests:
             await self._done.wait()
+        if self._error is not None:
+            raise self._error
         end = loop.time()
         self.meter.close(end)
         for replica in list(self.replicas.values()):
@@ -110,7 +113,13 @@ class Simulation:
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._error = task.exception()
+            self._done.set()
 
     async def _serve(self, req: SimRequest, due: float) -> None:
         job = self.jobs[req.index]
@@ -188,7 +197,7 @@ async def _until_end(ticket: Ticket) -> bool:
     if ticket.decode_task is not None:
         await asyncio.wait({ticket.decode_task})
     while True:
-        event = await ticket.events.get()
+        event = ticket.events.get_nowait() if not ticket.events.empty() else await ticket.events.get()
         if isinstance(event, Failed):
             return False
         if not isinstance(event, Emitted | Prefilled):

@@ -37,7 +37,7 @@ def test_fleets_stay_in_their_ranges() -> None:
     for seed in range(300):
         fleet = draw_fleet(random.Random(seed))
         assert MIN_REPLICAS <= len(fleet.replicas) <= MAX_REPLICAS
-        assert all(0.4 <= r.speed <= 1.0 and r.gpu_tokens >= 8_000 for r in fleet.replicas)
+        assert all(0.4 <= r.speed <= 1.0 and r.gpu_tokens >= 15_000 for r in fleet.replicas)
         removed = {name for _, kind, name in fleet.changes if kind == "remove"}
         added = {name for _, kind, name in fleet.changes if kind == "add"}
         assert len(fleet.initial) - len(removed) >= 2

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.rag_workloads import rag_messages
-from bench.sim.jobs import make_jobs
+from bench.sim.jobs import Job, make_jobs
+from bench.sim.oracle import OracleSystem
 from bench.sim.runner import make_system
 from bench.sim.scenarios import draw
 from bench.sim.simulation import simulate
 from bench.sim.spec import ReplicaSpec, Scenario, SimRequest, replica_name
-from bench.sim.system import SYSTEMS
+from bench.sim.system import SYSTEMS, Routed
 from bench.text import WordSource
 from bench.workload_types import CHAT, chat
 
@@ -71,3 +74,18 @@ def test_every_request_is_answered_with_its_usage() -> None:
     assert all(r.cached_tokens > 3000 for r in run.requests[1:])  # the document, on whichever replica
     assert all(r.ttft_s is not None and r.ttft_s > 0 for r in run.requests)
     assert run.end_s > 14.0
+
+
+class _Broken(OracleSystem):
+    """Routes like the oracle until request 3, then fails."""
+
+    def route(self, job: Job, now: float) -> Routed:
+        if job.index == 3:
+            raise RuntimeError("no route for request 3")
+        return super().route(job, now)
+
+
+def test_a_failure_inside_the_run_stops_it_with_that_error() -> None:
+    scenario = _repeated_document(6, 1.0)
+    with pytest.raises(RuntimeError, match="no route for request 3"):
+        simulate(scenario, make_jobs(scenario.requests, 1), _Broken())

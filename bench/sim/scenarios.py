@@ -7,13 +7,15 @@ same scenario on every machine and Python run):
    removals mid-run;
 2. the workload: one to four components (``bench.sim.components``: Zipf-popular RAG documents, agent
    or coding sessions, a cold document turning hot, short chat) sharing ``TARGET_REQUESTS`` requests on a
-   nominal timeline, sized against the fleet (documents as a multiple of its GPU pools; every prompt
-   fits the smallest replica with its output); sometimes a load ramp (the arrival rate grows, or
+   nominal timeline, sized against the fleet (documents 0.3-1.5x its GPU pools; every prompt fits the
+   smallest replica with its output); sometimes a load ramp (the arrival rate grows, or
    falls, threefold over the span);
 3. the offered load, uniform in ``LOAD_RANGE``, as ``bench/load.py`` defines it: the open-loop arrivals
    are rescaled (``bench.load.at_load``) so that the floor's prefill work (``bench.floor``) over the
    arrival span is that fraction of the fleet's prefill capacity, the sum of the starting replicas'
-   speeds; the fleet's changes move with the arrivals (fractions of the span).
+   speeds; the sessions' think times are rescaled by the same factor (the whole timeline moves
+   together, so a session's later turns do not all pile onto a compressed start), and the fleet's
+   changes move with the arrivals (fractions of the span).
 
 Seed sets: ``TUNING_SEEDS`` (1000-1099) to tune policies on, ``HELDOUT_SEEDS`` (2000-2099) to check that
 what was tuned holds on scenarios it never saw. Neither ever changes: results stay comparable.
@@ -25,7 +27,7 @@ import math
 import random
 
 from bench.floor import FloorRequest, floor
-from bench.load import at_load
+from bench.load import arrival_span, at_load
 from bench.sim.components import (
     BurstParams,
     Draft,
@@ -76,7 +78,7 @@ def _component(kind: str, rng: random.Random, seed: int, count: int, fleet: Draw
     if kind == "rag":
         lo = min(rng.randint(1500, 4000), doc_hi)
         hi = min(2 * lo, doc_hi)
-        docs = round(rng.uniform(0.5, 3.0) * fleet.gpu_total / ((lo + hi) / 2))
+        docs = round(rng.uniform(0.3, 1.5) * fleet.gpu_total / ((lo + hi) / 2))
         p = RagParams(count, max(8, min(400, docs)), (lo, hi), rng.uniform(0.6, 1.3),
                       rng.choice(("system", "user")), rng.random() < 0.15)  # fmt: skip
         return rag(seed, p, NOMINAL_SPAN_S)
@@ -122,9 +124,10 @@ def _assemble(
     workload = Workload(f"sim-{seed}", kind, timed, sweep=True)
     ideal = floor(workload, PAGE_SIZE, fleet.profile)
     scaled, offered = at_load(workload, ideal, load * fleet.capacity, 1)
+    factor = offered.span_s / arrival_span(workload)
     first = min(r.arrival_s for r in scaled.requests if r.after is None)
     changes = tuple(FleetChange(first + f * offered.span_s, k, name) for f, k, name in fleet.changes)
-    requests = tuple(_sim_request(r, drafts[order[r.index]]) for r in scaled.requests)
+    requests = tuple(_sim_request(r, drafts[order[r.index]], factor) for r in scaled.requests)
     scenario = Scenario(seed, kind, fleet.profile, load, fleet.replicas, changes, requests, PAGE_SIZE)
     return scenario, ideal
 
@@ -141,8 +144,9 @@ def _timed(d: Draft, n: int, index: dict[int, int]) -> TimedRequest:
     return TimedRequest(n, d.arrival_s, d.session or f"r{n}", CHAT, d.body, d.tokens, d.tag, after, d.think_s)
 
 
-def _sim_request(r: TimedRequest, d: Draft) -> SimRequest:
-    return SimRequest(r.index, r.arrival_s, r.path, r.body, r.tag, d.session, r.after, r.think_s)
+def _sim_request(r: TimedRequest, d: Draft, factor: float) -> SimRequest:
+    """The request with its think time rescaled like the arrivals (``factor``)."""
+    return SimRequest(r.index, r.arrival_s, r.path, r.body, r.tag, d.session, r.after, r.think_s * factor)
 
 
 def scenario_seeds(name: str, count: int | None) -> tuple[int, ...]:

@@ -22,7 +22,7 @@ def test_one_scenario_writes_its_reports(tmp_path: Path, capsys: pytest.CaptureF
     assert summary["geomean_ratio_mean"] == pytest.approx(row["ratio_mean"])
     assert (out / "ratios.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "summary.md").read_text()
-    assert "| 1002 | chat+ramp | 3 |" in table and "## Worst scenarios" in table
+    assert "| 1002 | chat | 3 |" in table and "## Worst scenarios" in table
     runs = json.loads((out / "scenarios" / "1002.json").read_text())["runs"]
     assert [len(r["requests"]) for r in runs] == [600, 600]
     captured = capsys.readouterr()

@@ -16,6 +16,7 @@ is ``seed-S``. The same scenario and seed give the same results, byte for byte.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import shlex
@@ -30,6 +31,7 @@ from bench.sim.scenarios import SETS, scenario_seeds
 from bench.sim.system import DEFAULT_SYSTEMS, SYSTEMS
 
 DEFAULT_OUT = Path("/tmp/kvroute-sim")
+YOUNG_GC_THRESHOLD = 10_000
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,14 +54,26 @@ def _worker(task: tuple[int, tuple[str, ...]]) -> tuple[ScenarioResult, float]:
     return result, time.perf_counter() - t0
 
 
+def _young_gc() -> None:
+    """A simulated run allocates ~10^6 short-lived asyncio handles and futures: with a young generation
+    of 10,000 objects instead of 700 the cyclic collector runs ~15x less often (measured: 0.17 -> 0.07 s
+    of a 1.6 s run). Results do not depend on it."""
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def _results(
     seeds: Sequence[int], systems: tuple[str, ...], jobs: int
 ) -> Iterator[tuple[ScenarioResult, float]]:
     tasks = [(seed, systems) for seed in seeds]
     if jobs <= 1:
-        yield from map(_worker, tasks)
+        saved = gc.get_threshold()
+        _young_gc()
+        try:
+            yield from map(_worker, tasks)
+        finally:
+            gc.set_threshold(*saved)
         return
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_young_gc) as pool:
         yield from pool.imap_unordered(_worker, tasks, chunksize=1)
 
 

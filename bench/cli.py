@@ -4,6 +4,7 @@
     kvroute bench --matrix            # every workload x every system, seeds' profile, load 0.6, seed 1
     kvroute bench rag hot --load 0.3,0.9 --profile h200 --seeds 1,2 --systems kvroute-cost,oracle
     kvroute bench rag --quick         # small and fast; writes under a temporary directory
+    kvroute bench sim --scenarios 10  # the fleet simulator in virtual time (bench/sim/cli.py)
 
 For each point, workload, seed and system: build the workload (seeded) and rescale its arrivals to the
 point's offered load (bench/workloads/load.py), start N fresh emulated replicas on the point's profile
@@ -128,6 +129,10 @@ def parse(argv: Sequence[str]) -> BenchConfig:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["sim"]:
+        from bench.sim.cli import main as sim_main
+
+        return sim_main(argv[1:])
     signal.signal(signal.SIGTERM, interrupt)
     try:
         cfg = parse(argv)

@@ -1,11 +1,11 @@
 """The workload components a scenario mixes, each drawn from its own seeded generator.
 
 Every component returns ``Draft`` requests on a nominal timeline of ``span`` seconds (the scenario
-rescales it to its offered load afterwards, bench/load.py): an open-loop draft has an arrival time; a
-session's later turns follow the previous turn (``prev``) after a think time. Bodies are built with
-``bench.workload_types.chat`` (streamed chat bodies as the benchmark sends them) and text comes from
-``bench.text.WordSource``; RAG messages are ``bench.rag_workloads.rag_messages`` (the document in the
-system message or in the user message before the question). Output lengths are log-uniform in
+rescales it to its offered load afterwards, bench/workloads/load.py): an open-loop draft has an arrival time;
+a session's later turns follow the previous turn (``prev``) after a think time. Bodies are built with
+``bench.workloads.shapes.chat`` (streamed chat bodies as the benchmark sends them) and text comes from
+``bench.workloads.text.WordSource``; RAG messages are ``bench.workloads.rag.rag_messages`` (the document in
+the system message or in the user message before the question). Output lengths are log-uniform in
 ``OUTPUT_MIN``-``OUTPUT_MAX`` tokens.
 
 - ``rag``: questions about documents of Zipf popularity; documents are written when first asked about,
@@ -27,12 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.rag_workloads import rag_messages
-from bench.text import WordSource
-from bench.workload_types import chat
+from bench.workloads.rag import rag_messages
+from bench.workloads.shapes import chat
+from bench.workloads.text import WordSource
 
 OUTPUT_MIN, OUTPUT_MAX = 16, 1024
-REPLY_TOKENS = 48  # a session's stand-in of its previous reply (bench.workloads.AGENT_REPLY_TOKENS)
+REPLY_TOKENS = (
+    48  # a session's stand-in of its previous reply (bench.workloads.generators.AGENT_REPLY_TOKENS)
+)
 
 
 @dataclass(slots=True, eq=False)

@@ -41,7 +41,7 @@ class DrawnFleet:
 
     @property
     def capacity(self) -> float:
-        """Prefill-seconds per second of the fleet at the start (bench/load.py, speeds weighted)."""
+        """Prefill-seconds per second of the fleet at the start (bench/workloads/load.py, speeds weighted)."""
         return sum(r.speed for r in self.initial)
 
     @property

@@ -1,20 +1,20 @@
 """kvroute's routing in the simulator, fed exactly as the gateway feeds it, with no sockets.
 
 ``GatewaySystem`` holds a real ``routing.router.Router`` (the policy under test, every other setting at
-the gateway's defaults) and, per replica, the gateway's own record of it: a ``proxy.replica.Replica``
-(health, draining, the info from ``/get_server_info``, and its ``proxy.load.ReplicaLoad``, which is
+the gateway's defaults) and, per replica, the gateway's own record of it: a ``proxy.fleet.replica.Replica``
+(health, draining, the info from ``/get_server_info``, and its ``proxy.fleet.load.ReplicaLoad``, which is
 pure). What the I/O-bound proxy code does around them is mirrored here, bookkeeping for bookkeeping:
 
-- ``joined`` mirrors ``proxy/fleet.py`` adding a replica whose health check passed and whose server
+- ``joined`` mirrors ``proxy/fleet/fleet.py`` adding a replica whose health check passed and whose server
   info was read: a ``Replica`` on the fleet's shared ``TrafficEpoch``, priced at the Router's learned
   prefill rate (the ``pricing`` ``proxy/server.py`` passes), info parsed by
-  ``proxy.replica_info.parse_replica_info`` from the emulator's own server-info body, healthy;
+  ``proxy.fleet.replica_info.parse_replica_info`` from the emulator's own server-info body, healthy;
   ``draining`` is the admin API's drain, ``removed`` the fleet's removal (``Router.forget``);
-- ``route`` mirrors ``proxy/context.py`` ``Gateway.route`` and ``proxy/attempt.py`` ``Attempt``'s
+- ``route`` mirrors ``proxy/context.py`` ``Gateway.route`` and ``proxy/dispatch/attempt.py`` ``Attempt``'s
   start: the snapshot (``Fleet.snapshot``: every member's ``Replica.state(now)``, in membership order),
-  ``Router.route``, then the load lease: the ``proxy.load.Work`` that ``proxy/attempt.py`` ``_work``
-  builds from the ticket's prediction (streamed, with its first-byte deadline from the default
-  ``proxy.deadlines.Deadlines``), added to the replica's load (``proxy.replica.Lease``);
+  ``Router.route``, then the load lease: the ``proxy.fleet.load.Work`` that ``proxy/dispatch/attempt.py``
+  ``_work`` builds from the ticket's prediction (streamed, with its first-byte deadline from the default
+  ``proxy.upstream.deadlines.Deadlines``), added to the replica's load (``proxy.fleet.replica.Lease``);
 - ``first_token`` is ``Attempt.first_byte`` (the lease's ``first_token``) and ``finish`` is
   ``Attempt.finish``: the lease released, then ``Router.finish(ticket, Report(...))`` with the
   replica's usage (prompt, cached and completion tokens), the observed TTFT (first byte - send) and
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from bench.sim.jobs import Job
 from bench.sim.replica import SimReplica
 from bench.sim.system import Outcome, Routed
-from proxy.deadlines import Deadlines
-from proxy.load import TrafficEpoch, Work
-from proxy.replica import Replica
+from proxy.fleet.load import TrafficEpoch, Work
+from proxy.fleet.replica import Replica
+from proxy.upstream.deadlines import Deadlines
 from routing.config import PolicyName, RoutingConfig
 from routing.ledger import Ticket
 from routing.router import Router
@@ -85,7 +85,7 @@ class GatewaySystem:
         return Routed(ticket.replica, _Lease(ticket, work, replica))
 
     def _work(self, ticket: Ticket, now: float) -> Work:
-        """``proxy/attempt.py`` ``_work`` for a streamed request sent at ``now``."""
+        """``proxy/dispatch/attempt.py`` ``_work`` for a streamed request sent at ``now``."""
         terms = ticket.prediction.terms
         default_tokens = self.router.cfg.default_new_tokens
         return Work(

@@ -2,12 +2,12 @@
 
 A ``Job`` holds, for one ``SimRequest``:
 
-- ``request``: the ``routing.prompt.PromptRequest`` the gateway routes, from ``proxy.openai.
-  parse_request`` (pure) over the body's JSON bytes and the session header, as ``proxy/handlers.py``
+- ``request``: the ``routing.prompt.PromptRequest`` the gateway routes, from ``proxy.front.openai.
+  parse_request`` (pure) over the body's JSON bytes and the session header, as ``proxy/front/handlers.py``
   calls it for a chat or completions body;
 - ``work``: the emulator engine's ``Work``: the prompt's token ids as a replica renders and tokenizes
-  the body (the emulator's chat template and pseudo-tokenizer, through ``bench.oracle``'s line-cached
-  ``SegmentTokenizer``, which gives the same ids; ``bench.floor`` uses it too), the cache namespace
+  the body (the emulator's chat template and pseudo-tokenizer, through ``bench.systems.oracle``'s line-cached
+  ``SegmentTokenizer``, which gives the same ids; ``bench.workloads.floor`` uses it too), the cache namespace
   (``cache_salt`` + ``extra_key``, ``emulator.openai_request.extra_key_of``) and the output tokens the
   emulator's seeded sampler draws for it (``max_tokens`` of them, exactly as a replica would: all the
   replicas of a fleet share one emulator seed, so the output does not depend on where it runs).
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 
 import orjson
 
-from bench.oracle import SegmentTokenizer, token_ids
 from bench.sim.spec import SimRequest
+from bench.workloads.tokens import SegmentTokenizer, token_ids
 from emulator.openai_request import extra_key_of
 from emulator.sampler import Sampler, Sampling
 from emulator.tickets import Work
 from emulator.tokenizer import PseudoTokenizer
-from proxy.openai import parse_request
+from proxy.front.openai import parse_request
 from proxy.types import Route
 from routing.prompt import PromptRequest
 

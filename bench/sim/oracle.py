@@ -1,7 +1,7 @@
 """The oracle in the simulator: each request goes where the engines themselves predict the lowest TTFT.
 
-``bench/oracle.py`` asks every emulator over HTTP (``POST /_emu/predict``) for the TTFT the request would
-get if it arrived now, from the replica's real radix cache and real queue, adds the work it forwarded
+``bench/systems/oracle.py`` asks every emulator over HTTP (``POST /_emu/predict``) for the TTFT the request
+would get if it arrived now, from the replica's real radix cache and real queue, adds the work it forwarded
 there that the replica has not acknowledged yet, and forwards to the lowest; exact ties rotate. Here the
 engine is asked directly (``SimReplica.predict_ttft``) and a request reaches its engine the instant it is
 routed, so there is never unacknowledged work to add. On a fleet of unequal speeds the request's own

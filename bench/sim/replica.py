@@ -11,7 +11,7 @@ stamps the wall clock), so nothing in a run depends on when it ran.
 
 ``server_info`` is the body the emulator's ``/get_server_info`` answers (``emulator/info_api.py``: the
 server args flattened, the scheduler's figures, ``internal_states[0].memory_usage``), built from the same
-functions, and ``info`` what the gateway makes of it (``proxy.replica_info.parse_replica_info``), so
+functions, and ``info`` what the gateway makes of it (``proxy.fleet.replica_info.parse_replica_info``), so
 the gateway's view of capacities comes the way it does over HTTP.
 
 Requests go straight into the engine: ``submit`` queues the ``Work`` (arriving now) and returns the
@@ -31,15 +31,16 @@ from emulator.config import EmulatorConfig
 from emulator.info_api import VERSION, memory_usage, server_args
 from emulator.replica import Replica
 from emulator.tickets import Prefilled, Ticket, Work
-from proxy.replica_info import ReplicaInfo, parse_replica_info
+from proxy.fleet.replica_info import ReplicaInfo, parse_replica_info
 
-SERVED_MODEL = "default"  # the model the workloads name (bench.workload_types.MODEL)
+SERVED_MODEL = "default"  # the model the workloads name (bench.workloads.shapes.MODEL)
 
 
 def emulator_config(
     spec: ReplicaSpec, profile: str, seed: int, page_size: int, max_running: int
 ) -> EmulatorConfig:
-    """The flags a replica of this spec is launched with (as ``bench.fleet.FleetSpec`` launches them)."""
+    """The flags a replica of this spec is launched with (as ``bench.systems.fleet.FleetSpec`` launches
+    them)."""
     return EmulatorConfig(
         served_model_name=SERVED_MODEL,
         emu_profile=profile,

@@ -2,8 +2,8 @@
 
 ``run_scenario(seed, systems)`` draws the scenario (``bench.sim.scenarios``), prepares its requests once
 (``bench.sim.jobs``), simulates each system on a fresh fleet (``bench.sim.simulation``) and computes the
-floor (``bench.floor``: no router can beat it). ``ScenarioResult.summary`` gives the figures the reports
-show: per system the mean and p99 TTFT, idle-while-queued seconds, the smallest replica share; and the
+floor (``bench.workloads.floor``: no router can beat it). ``ScenarioResult.summary`` gives the figures the
+reports show: per system the mean and p99 TTFT, idle-while-queued seconds, the smallest replica share; and the
 ratio of kvroute (its default policy, cost) to the best other system that is not the oracle, by mean
 (the system with the lowest mean) and by p99 (the lowest p99, which may be another system).
 """

@@ -10,12 +10,12 @@ same scenario on every machine and Python run):
    nominal timeline, sized against the fleet (documents 0.3-1.5x its GPU pools; every prompt fits the
    smallest replica with its output); sometimes a load ramp (the arrival rate grows, or
    falls, threefold over the span);
-3. the offered load, uniform in ``LOAD_RANGE``, as ``bench/load.py`` defines it: the open-loop arrivals
-   are rescaled (``bench.load.at_load``) so that the floor's prefill work (``bench.floor``) over the
-   arrival span is that fraction of the fleet's prefill capacity, the sum of the starting replicas'
-   speeds; the sessions' think times are rescaled by the same factor (the whole timeline moves
-   together, so a session's later turns do not all pile onto a compressed start), and the fleet's
-   changes move with the arrivals (fractions of the span).
+3. the offered load, uniform in ``LOAD_RANGE``, as ``bench/workloads/load.py`` defines it: the open-loop
+   arrivals are rescaled (``bench.workloads.load.at_load``) so that the floor's prefill work
+   (``bench.workloads.floor``) over the arrival span is that fraction of the fleet's prefill capacity, the
+   sum of the starting replicas' speeds; the sessions' think times are rescaled by the same factor (the
+   whole timeline moves together, so a session's later turns do not all pile onto a compressed start),
+   and the fleet's changes move with the arrivals (fractions of the span).
 
 Seed sets: ``TUNING_SEEDS`` (1000-1099) to tune policies on, ``HELDOUT_SEEDS`` (2000-2099) to check that
 what was tuned holds on scenarios it never saw. Neither ever changes: results stay comparable.
@@ -26,8 +26,6 @@ from __future__ import annotations
 import math
 import random
 
-from bench.floor import FloorRequest, floor
-from bench.load import arrival_span, at_load
 from bench.sim.components import (
     BurstParams,
     Draft,
@@ -40,7 +38,9 @@ from bench.sim.components import (
 )
 from bench.sim.fleets import DrawnFleet, draw_fleet
 from bench.sim.spec import FleetChange, Scenario, SimRequest
-from bench.workload_types import CHAT, TimedRequest, Workload
+from bench.workloads.floor import FloorRequest, floor
+from bench.workloads.load import arrival_span, at_load
+from bench.workloads.shapes import CHAT, TimedRequest, Workload
 
 TUNING_SEEDS = tuple(range(1000, 1100))
 HELDOUT_SEEDS = tuple(range(2000, 2100))
@@ -57,7 +57,7 @@ def draw(seed: int) -> Scenario:
 
 
 def draw_with_floor(seed: int) -> tuple[Scenario, list[FloorRequest]]:
-    """The scenario of ``seed`` and its floor (bench/floor.py, in request order)."""
+    """The scenario of ``seed`` and its floor (bench/workloads/floor.py, in request order)."""
     rng = random.Random(f"kvroute-sim:{seed}")
     fleet = draw_fleet(rng)
     kinds = [k for k, p in KINDS if rng.random() < p] or [rng.choice(KINDS)[0]]

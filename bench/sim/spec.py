@@ -61,7 +61,7 @@ class Scenario:
     seed: int
     kind: str  # the components it mixes, e.g. "rag+sessions+burst"
     profile: str  # the emulator's timing profile (emulator/timing.py)
-    load: float  # the offered load its arrivals were scaled to (bench/load.py)
+    load: float  # the offered load its arrivals were scaled to (bench/workloads/load.py)
     replicas: tuple[ReplicaSpec, ...]
     changes: tuple[FleetChange, ...]
     requests: tuple[SimRequest, ...]

@@ -38,7 +38,7 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What the replica reported about one request (``proxy/attempt.py`` reads the same)."""
+    """What the replica reported about one request (``proxy/dispatch/attempt.py`` reads the same)."""
 
     ok: bool
     prompt_tokens: int

@@ -7,13 +7,13 @@ import random
 
 import pytest
 
-from bench.floor import FloorRequest
 from bench.sim.components import OUTPUT_MAX, OUTPUT_MIN
 from bench.sim.fleets import MAX_REPLICAS, MIN_REPLICAS, draw_fleet
 from bench.sim.jobs import make_jobs
 from bench.sim.scenarios import HELDOUT_SEEDS, LOAD_RANGE, SETS, TUNING_SEEDS, draw_with_floor, scenario_seeds
 from bench.sim.spec import Scenario
-from bench.workload_types import CHAT
+from bench.workloads.floor import FloorRequest
+from bench.workloads.shapes import CHAT
 
 SAMPLE = (1000, 1001, 1004, 1010, 1012, 2003, 2004)  # sessions, a burst, RAG, chat, ramps, changes
 

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from bench.rag_workloads import rag_messages
 from bench.sim.jobs import Job, make_jobs
 from bench.sim.oracle import OracleSystem
 from bench.sim.runner import make_system
@@ -14,8 +13,9 @@ from bench.sim.scenarios import draw
 from bench.sim.simulation import simulate
 from bench.sim.spec import ReplicaSpec, Scenario, SimRequest, replica_name
 from bench.sim.system import SYSTEMS, Routed
-from bench.text import WordSource
-from bench.workload_types import CHAT, chat
+from bench.workloads.rag import rag_messages
+from bench.workloads.shapes import CHAT, chat
+from bench.workloads.text import WordSource
 
 
 def _first(scenario: Scenario, n: int) -> Scenario:

@@ -50,6 +50,11 @@ class RoutingConfig:
     # placement (routing.placement): the delay a request imposes on the ones arriving behind it on a
     # replica grows like 1 / (1 - utilization); utilization is capped here
     max_utilization: float = 0.95
+    # the weight on what a copy of a shared prefix is worth to the requests that will share it
+    # (routing.placement; 0: copies are priced by their cost alone)
+    copy_worth: float = 4.0
+    # a prefix's demand: the requests after which one request's share weighs half (routing.demand)
+    demand_half_life: float = 200.0
 
     # new sessions avoid replicas holding more than this multiple of the fewest sessions any replica
     # holds, + 1 (0 disables)

@@ -13,7 +13,21 @@ arrive at r while q's work is still ahead of it the time q's work takes. With, f
 the delay q imposes on the others is x for each request arriving before r's backlog W + x has drained;
 by the M/G/1 busy-period argument that is λ (W + x) / (1 - ρ) requests. The placement cost is
 
-    cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ)          (seconds, range [0, inf), O(1) per replica)
+    cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ) - worth(r)       (seconds, O(1) per replica)
+
+**What a copy is worth.** The delay term prices what a copy costs the others; a copy is also worth
+something: the requests that share the same prefix later, which can then be served where it was copied
+instead of queueing behind its holders. With the request's shared prefix P (the longest prefix any
+replica holds, ``routing.demand``), its holders H (the replicas holding at least 90% of it, k of them),
+W_H the shortest wait among them, λ_P = P's share of recent requests x the fleet's arrival rate:
+
+    worth(r) = γ · λ_P · (W_H + x) · max(0, W_H - W) / (k + 1)     for a replica r outside H, else 0
+
+the requests of P arriving while the copy is made (λ_P (W_H + x)), each spared the wait it would have
+had behind the holders beyond r's own (W_H - W), shared among the k + 1 holders there would then be
+(γ = ``copy_worth``). Without demand (λ_P = 0) or when the holders do not queue more than r, nothing
+changes; a popular prefix whose holders queue is copied to an idle replica before its requests pile
+up, instead of one at a time after they have.
 
 Why this beats both greedy and sticky routing:
 
@@ -39,10 +53,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from routing.demand import DemandBook, prefix_key
 from routing.protocols import Scored, Stage
 from routing.rates import RateBook
 from routing.ttft import predict_ttft
-from routing.types import Candidate, RoutingRequest
+from routing.types import BlockHash, Candidate, ReplicaId, RoutingRequest, TtftTerms
+
+HOLDER_FRACTION = 0.9  # a replica holding this much of the shared prefix holds it
 
 
 def imposed_delay_s(x: float, wait: float, arrival_rate: float, utilization: float, cap: float) -> float:
@@ -53,23 +70,63 @@ def imposed_delay_s(x: float, wait: float, arrival_rate: float, utilization: flo
     return x * arrival_rate * (wait + x) / (1.0 - rho)
 
 
+def copy_worth_s(lam_p: float, x: float, holders_wait: float, wait: float, holders: int) -> float:
+    """λ_P · (W_H + x) · max(0, W_H - W) / (k + 1): what a copy spares the prefix's later requests."""
+    if lam_p <= 0.0 or holders_wait <= wait:
+        return 0.0
+    return lam_p * (holders_wait + x) * (holders_wait - wait) / (holders + 1)
+
+
 class PlacementScorer(Stage):
-    """cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ) (seconds; see the module docstring)."""
+    """cost(r) = ttft(r) + x · λ · (W + x) / (1 - ρ) - worth(r) (seconds; see the module docstring)."""
 
     name = "placement"
 
-    def __init__(self, rates: RateBook, default_tokens: int, max_utilization: float) -> None:
+    def __init__(
+        self,
+        rates: RateBook,
+        default_tokens: int,
+        max_utilization: float,
+        copy_worth: float = 0.0,
+        demand: DemandBook | None = None,
+    ) -> None:
         self._rates = rates
         self._default_tokens = default_tokens
         self._cap = max_utilization
+        self._gamma = copy_worth
+        self.demand = demand or DemandBook()
+        self._keyed: tuple[RoutingRequest, BlockHash | None] | None = None  # the last request scored
 
     def score(self, req: RoutingRequest, cands: Sequence[Candidate]) -> list[Scored]:
         rates, tokens, cap = self._rates.get, self._default_tokens, self._cap
+        terms = [predict_ttft(req, c, rates(c.state.id), tokens) for c in cands]
+        worth = self._worth(req, cands, terms)
         out: list[Scored] = []
-        append = out.append
-        for c in cands:
-            t = predict_ttft(req, c, rates(c.state.id), tokens)
+        for c, t in zip(cands, terms, strict=True):
             st, x = c.state, t.prefill_s + t.reload_s
             extra = imposed_delay_s(x, t.queue_s, st.arrival_rate, st.utilization, cap)
-            append(Scored(c, t.queue_s + x + t.overhead_s + extra, t))
+            out.append(Scored(c, t.queue_s + x + t.overhead_s + extra - worth.get(c.id, 0.0), t))
         return out
+
+    def _worth(
+        self, req: RoutingRequest, cands: Sequence[Candidate], terms: Sequence[TtftTerms]
+    ) -> dict[ReplicaId, float]:
+        """worth(r) for the replicas outside the shared prefix's holders (module docstring)."""
+        key, longest = prefix_key(req, cands)
+        self._keyed = (req, key)
+        lam_p = self._gamma * self.demand.share(key) * sum(c.state.arrival_rate for c in cands)
+        if lam_p <= 0.0:
+            return {}
+        holds = [c.match.total_tokens >= HOLDER_FRACTION * longest for c in cands]
+        holders_wait = min(t.queue_s for t, h in zip(terms, holds, strict=True) if h)
+        k = sum(holds)
+        return {
+            c.id: copy_worth_s(lam_p, t.prefill_s + t.reload_s, holders_wait, t.queue_s, k)
+            for c, t, h in zip(cands, terms, holds, strict=True)
+            if not h
+        }
+
+    def chose(self, req: RoutingRequest, replica: ReplicaId) -> None:
+        """Counts the request's demand for the prefix it shared (the key found when it was scored)."""
+        keyed = self._keyed
+        self.demand.note(keyed[1] if keyed is not None and keyed[0] is req else prefix_key(req, ())[0])

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from proxy.errors import UpstreamError
+from proxy.fleet.balance import Balance
 from proxy.fleet.health_log import HealthLog
 from proxy.fleet.load import TrafficEpoch, Work
 from proxy.fleet.replica import Lease, Pricing, Replica, nothing
@@ -72,6 +73,7 @@ class Fleet:
         self._checks = 0
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
         self.load_changed: Callable[[], None] = nothing  # called when a lease's load changes
+        self.balance = Balance()  # idle-while-queued seconds per replica (proxy/fleet/balance.py)
         self.live_arrived: Callable[[ReplicaId], None] = _nobody  # a live request sent to a replica
         for url in urls:
             self.add(url)
@@ -90,6 +92,7 @@ class Fleet:
         replica = self._replicas.pop(replica_id_of(rid), None)
         if replica is not None:
             self.auth.forget(replica.id)
+            self.balance.forget(replica.id)
             self._on_removed(replica.id)
         return replica is not None
 
@@ -128,10 +131,15 @@ class Fleet:
         return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
 
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
-        lease = Lease(self._replicas[replica_id], work, self.load_changed)
+        lease = Lease(self._replicas[replica_id], work, self._lease_changed)
+        self._lease_changed()
         if work.live:
             self.live_arrived(replica_id)  # the warm-up worker preempts its step there
         return lease
+
+    def _lease_changed(self) -> None:
+        self.balance.update(self._replicas.values(), time.monotonic())
+        self.load_changed()
 
     def admits(self, replica_id: ReplicaId) -> bool:
         """Would ``admit`` let a request through now (without claiming a half-open trial)?"""

@@ -106,7 +106,11 @@ class FleetCollector(TextCollector):
         draining = _gauge("kvroute_replica_draining", "1 while the replica is draining")
         breaker = _gauge("kvroute_replica_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open")
         trips = _counter("kvroute_replica_breaker_trips", "Times the circuit breaker opened")
+        idle = _counter(
+            "kvroute_replica_idle_while_queued_seconds", "Seconds idle while another replica had a queue"
+        )
         now = time.monotonic()
+        self._fleet.balance.update(self._fleet.replicas(), now)
         for r in self._fleet.replicas():
             s, key = r.state(now), (r.id,)
             queued_s.add(key, s.inflight_prefill_s)
@@ -117,7 +121,8 @@ class FleetCollector(TextCollector):
             draining.add(key, 1.0 if r.draining else 0.0)
             breaker.add(key, STATE_CODES[r.breaker.state(now)])
             trips.add(key, r.breaker.trips_total)
-        yield from (f.text() for f in (queued_s, queued_t, held, util, rate, draining, breaker, trips))
+            idle.add(key, self._fleet.balance.idle_while_queued.get(r.id, 0.0))
+        yield from (f.text() for f in (queued_s, queued_t, held, util, rate, draining, breaker, trips, idle))
 
     def _cache_model(self) -> Iterator[str]:
         blocks = _gauge("kvroute_cache_model_blocks", "Blocks the cache model holds", REPLICA_TIER)

@@ -7,7 +7,9 @@ The composition (``routing.protocols``), each exit naming a Reason:
    running-slot wait, or the wait for KV memory if later + prefill of the uncached tokens +
    host/storage reload + overhead, rates learned online, ``routing.ttft``) plus the delay the
    request's own work imposes on the requests that will arrive behind it there,
-   ``x · λ · (W + x) / (1 - ρ)``. A shared prefix cached everywhere costs the same everywhere and does
+   ``x · λ · (W + x) / (1 - ρ)``, minus what a copy of the request's shared prefix there is worth to
+   the requests that will share it (``γ · λ_P · (W_H + x) · max(0, W_H - W) / (k + 1)``, its
+   demand counted by ``routing.demand``). A shared prefix cached everywhere costs the same everywhere and does
    not attract traffic; a document cached on one replica is a cheap hit there and a costly copy
    elsewhere, which a busy fleet pays for many times; it is copied when its holder nears saturation.
 3. Pick (``LoadTiePicker``): lowest cost; costs within ``tie_rel_tol`` (or ``tie_abs_s``) of the best tie
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 import xxhash
 
 from routing.config import RoutingConfig
+from routing.demand import DemandBook
 from routing.pipeline import HealthyFilter, Pipeline, near_ties
 from routing.placement import PlacementScorer
 from routing.protocols import Pick, Picker, Scored, Stage
@@ -157,5 +160,6 @@ def explain(req: RoutingRequest, chosen: Scored, scored: Sequence[Scored]) -> Re
 def cost(cfg: RoutingConfig, rates: RateBook) -> Pipeline:
     ties = LoadTiePicker(cfg.seed, cfg.tie_rel_tol, cfg.tie_abs_s)
     picker = SessionPicker(ties, SessionTable(cfg.max_sessions), cfg)
-    scorer = PlacementScorer(rates, cfg.default_new_tokens, cfg.max_utilization)
+    demand = DemandBook(cfg.demand_half_life)
+    scorer = PlacementScorer(rates, cfg.default_new_tokens, cfg.max_utilization, cfg.copy_worth, demand)
     return Pipeline("cost", [HealthyFilter()], scorer, picker, explain)

@@ -8,9 +8,10 @@ prefilled, the others waiting behind it: an approximation of the engine's waitin
 gateway cannot see). A replica that is draining or out of the pool counts as neither. The simulator
 and the benchmark report the same quantity (``bench/sim/balance.py``, ``bench/reports``).
 
-``Balance.update(replicas, now)`` integrates over the time since the previous update, with the states
-as they were then (they only change when a lease does, and every lease change calls it); O(replicas)
-per update.
+O(1) per change: one clock ``queued_s`` runs while any replica has a queue; an idle replica notes its
+reading when it turns idle and is credited the difference when it stops (or when read). ``changed``
+takes one replica's new state (every lease change on it calls it); ``refresh`` takes them all (health
+and drain changes, which no lease reports, are caught there: the metrics scrape calls it).
 """
 
 from __future__ import annotations
@@ -24,20 +25,41 @@ QUEUED = 2  # requests awaiting their first byte at which a replica counts as ha
 
 class Balance:
     def __init__(self) -> None:
-        self.idle_while_queued: dict[str, float] = {}
+        self._credit: dict[str, float] = {}  # seconds credited for idle spells that ended
+        self._idle_since: dict[str, float] = {}  # idle replicas -> ``queued_s`` when their spell began
+        self._queued: set[str] = set()  # replicas with a queue
+        self.queued_s = 0.0  # seconds during which some replica had a queue
         self._at: float | None = None
-        self._idle: list[str] = []  # idle replicas as of the last update, when another had a queue
 
-    def update(self, replicas: Iterable[Replica], now: float) -> None:
-        """Credits the interval since the last update, then takes the states as they are now."""
-        if self._at is not None:
-            dt = max(0.0, now - self._at)
-            for rid in self._idle:
-                self.idle_while_queued[rid] = self.idle_while_queued.get(rid, 0.0) + dt
-        self._at = now
-        serving = [r for r in replicas if r.healthy and not r.draining]
-        queued = any(len(r.load.queue) >= QUEUED for r in serving)
-        self._idle = [r.id for r in serving if r.inflight_requests == 0] if queued else []
+    def changed(self, replica: Replica, now: float) -> None:
+        """One replica's state may have changed (a lease on it did)."""
+        self._advance(now)
+        rid, serving = replica.id, replica.healthy and not replica.draining
+        if serving and len(replica.load.queue) >= QUEUED:
+            self._queued.add(rid)
+        else:
+            self._queued.discard(rid)
+        idle = serving and replica.inflight_requests == 0
+        if idle and rid not in self._idle_since:
+            self._idle_since[rid] = self.queued_s
+        elif not idle and rid in self._idle_since:
+            self._credit[rid] = self._credit.get(rid, 0.0) + self.queued_s - self._idle_since.pop(rid)
+
+    def refresh(self, replicas: Iterable[Replica], now: float) -> None:
+        for r in replicas:
+            self.changed(r, now)
+
+    def seconds(self, replica: str) -> float:
+        """Idle-while-queued seconds of ``replica`` up to the last change or refresh."""
+        since = self._idle_since.get(replica)
+        return self._credit.get(replica, 0.0) + (self.queued_s - since if since is not None else 0.0)
 
     def forget(self, replica: str) -> None:
-        self.idle_while_queued.pop(replica, None)
+        for book in (self._credit, self._idle_since):
+            book.pop(replica, None)
+        self._queued.discard(replica)
+
+    def _advance(self, now: float) -> None:
+        if self._queued and self._at is not None:
+            self.queued_s += max(0.0, now - self._at)
+        self._at = now

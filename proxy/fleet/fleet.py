@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -74,6 +75,7 @@ class Fleet:
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
         self.load_changed: Callable[[], None] = nothing  # called when a lease's load changes
         self.balance = Balance()  # idle-while-queued seconds per replica (proxy/fleet/balance.py)
+        self._changed: dict[ReplicaId, Callable[[], None]] = {}  # per replica: its leases' callback
         self.live_arrived: Callable[[ReplicaId], None] = _nobody  # a live request sent to a replica
         for url in urls:
             self.add(url)
@@ -86,6 +88,7 @@ class Fleet:
         if replica is None:
             replica = Replica(rid, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
             self._replicas[replica.id] = replica
+            self._changed[replica.id] = functools.partial(self._lease_changed, replica)
         return replica
 
     def remove(self, rid: ReplicaId) -> bool:
@@ -93,6 +96,7 @@ class Fleet:
         if replica is not None:
             self.auth.forget(replica.id)
             self.balance.forget(replica.id)
+            del self._changed[replica.id]
             self._on_removed(replica.id)
         return replica is not None
 
@@ -131,14 +135,15 @@ class Fleet:
         return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
 
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
-        lease = Lease(self._replicas[replica_id], work, self._lease_changed)
-        self._lease_changed()
+        changed = self._changed[replica_id]
+        lease = Lease(self._replicas[replica_id], work, changed)
+        changed()
         if work.live:
             self.live_arrived(replica_id)  # the warm-up worker preempts its step there
         return lease
 
-    def _lease_changed(self) -> None:
-        self.balance.update(self._replicas.values(), time.monotonic())
+    def _lease_changed(self, replica: Replica) -> None:
+        self.balance.changed(replica, time.monotonic())
         self.load_changed()
 
     def admits(self, replica_id: ReplicaId) -> bool:
@@ -185,6 +190,7 @@ class Fleet:
         self._checks += 1
         await asyncio.gather(*(self.check(upstream, r, refresh) for r in list(self._replicas.values())))
         self._health.fleet(sum(r.healthy for r in self._replicas.values()), len(self._replicas))
+        self.balance.refresh(self._replicas.values(), time.monotonic())  # health changes no lease reports
 
     async def check(self, upstream: Upstream, replica: Replica, refresh: bool = False) -> None:
         try:

@@ -110,7 +110,7 @@ class FleetCollector(TextCollector):
             "kvroute_replica_idle_while_queued_seconds", "Seconds idle while another replica had a queue"
         )
         now = time.monotonic()
-        self._fleet.balance.update(self._fleet.replicas(), now)
+        self._fleet.balance.refresh(self._fleet.replicas(), now)
         for r in self._fleet.replicas():
             s, key = r.state(now), (r.id,)
             queued_s.add(key, s.inflight_prefill_s)
@@ -121,7 +121,7 @@ class FleetCollector(TextCollector):
             draining.add(key, 1.0 if r.draining else 0.0)
             breaker.add(key, STATE_CODES[r.breaker.state(now)])
             trips.add(key, r.breaker.trips_total)
-            idle.add(key, self._fleet.balance.idle_while_queued.get(r.id, 0.0))
+            idle.add(key, self._fleet.balance.seconds(r.id))
         yield from (f.text() for f in (queued_s, queued_t, held, util, rate, draining, breaker, trips, idle))
 
     def _cache_model(self) -> Iterator[str]:

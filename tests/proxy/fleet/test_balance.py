@@ -23,15 +23,36 @@ def lease(r: Replica) -> Lease:
 
 def test_an_idle_replica_is_charged_only_while_another_has_a_queue() -> None:
     a, b, book = replica("http://a"), replica("http://b"), Balance()
-    book.update([a, b], 0.0)
+    book.refresh([a, b], 0.0)
     queued = [lease(a) for _ in range(QUEUED)]
-    book.update([a, b], 1.0)  # a has a queue from t=1, b idle
-    book.update([a, b], 4.0)
-    assert book.idle_while_queued == {"http://b": pytest.approx(3.0)}
+    book.changed(a, 1.0)  # a has a queue from t=1, b idle
+    book.refresh([a, b], 4.0)
+    assert (book.seconds("http://b"), book.seconds("http://a")) == (pytest.approx(3.0), 0.0)
     queued[0].release()
-    book.update([a, b], 6.0)  # the 2 s before the release still count; from now a has one request only
-    book.update([a, b], 9.0)
-    assert book.idle_while_queued == {"http://b": pytest.approx(5.0)}
+    book.changed(a, 6.0)  # the 2 s before the release still count; from now a has one request only
+    book.refresh([a, b], 9.0)
+    assert book.seconds("http://b") == pytest.approx(5.0)
+    lease(b)
+    book.changed(b, 10.0)  # b busy: its spell ends with what it had
+    lease(a)
+    book.changed(a, 11.0)
+    book.refresh([a, b], 20.0)
+    assert book.seconds("http://b") == pytest.approx(5.0)
+
+
+def test_every_idle_replica_is_charged_from_when_its_spell_began() -> None:
+    a, b, c, book = replica("http://a"), replica("http://b"), replica("http://c"), Balance()
+    lease(b)
+    book.refresh([a, b, c], 0.0)  # a and c idle, nobody queued
+    for _ in range(QUEUED):
+        lease(a)
+    book.changed(a, 2.0)  # a queued from t=2: only c is idle now
+    book.refresh([a, b, c], 5.0)
+    assert (book.seconds("http://c"), book.seconds("http://a"), book.seconds("http://b")) == (
+        pytest.approx(3.0),
+        0.0,
+        0.0,
+    )
 
 
 def test_a_busy_draining_or_unhealthy_replica_is_not_charged() -> None:
@@ -46,9 +67,9 @@ def test_a_busy_draining_or_unhealthy_replica_is_not_charged() -> None:
         lease(a)
     lease(b)  # busy with one request: not idle
     c.draining, d.healthy = True, False
-    book.update([a, b, c, d], 0.0)
-    book.update([a, b, c, d], 10.0)
-    assert book.idle_while_queued == {}
+    book.refresh([a, b, c, d], 0.0)
+    book.refresh([a, b, c, d], 10.0)
+    assert [book.seconds(r.id) for r in (a, b, c, d)] == [0.0] * 4
 
 
 def test_a_queue_on_a_draining_replica_charges_nobody() -> None:
@@ -56,19 +77,20 @@ def test_a_queue_on_a_draining_replica_charges_nobody() -> None:
     for _ in range(QUEUED):
         lease(a)
     a.draining = True
-    book.update([a, b], 0.0)
-    book.update([a, b], 5.0)
-    assert book.idle_while_queued == {}
+    book.refresh([a, b], 0.0)
+    book.refresh([a, b], 5.0)
+    assert book.seconds("http://b") == 0.0
 
 
 def test_forget_drops_a_removed_replica() -> None:
     a, b, book = replica("http://a"), replica("http://b"), Balance()
     for _ in range(QUEUED):
         lease(a)
-    book.update([a, b], 0.0)
-    book.update([a, b], 2.0)
+    book.refresh([a, b], 0.0)
+    book.refresh([a, b], 2.0)
+    assert book.seconds("http://b") == pytest.approx(2.0)
     book.forget("http://b")
-    assert book.idle_while_queued == {}
+    assert book.seconds("http://b") == 0.0
 
 
 async def test_the_metric_is_exported_per_replica(stack: Stack) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.answers.cache import RESPONSE_CACHE
 from proxy.context import GATEWAY
@@ -46,8 +45,6 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
         if request.method not in methods:
             raise MethodNotAllowed(request.method, methods)
         gw = request.app[GATEWAY]
-        if request.transport is not None:
-            tcp_nodelay(request.transport, True)
         raw = await read_body(request, gw.settings.max_body_bytes)
         st = gw.settings
         parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)

@@ -17,7 +17,6 @@ where the salt is always applied.
 from __future__ import annotations
 
 from aiohttp import web
-from aiohttp.tcp_helpers import tcp_nodelay
 
 from proxy.context import GATEWAY
 from proxy.dispatch.forward import forward
@@ -50,8 +49,6 @@ def _check(request: web.Request) -> None:
 async def passthrough(request: web.Request) -> web.StreamResponse:
     _check(request)
     gw = request.app[GATEWAY]
-    if request.transport is not None:
-        tcp_nodelay(request.transport, True)
     raw = await read_body(request, gw.settings.max_body_bytes)
     st = gw.settings
     parsed = passthrough_request(raw, request.path, request.headers.get(st.session_header), st.session_field)

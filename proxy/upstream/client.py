@@ -34,7 +34,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp.tcp_helpers import tcp_nodelay
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -126,8 +125,6 @@ class Upstream:
             raise UpstreamTimeout(f"replica {base_url}: no first byte in time", retryable=True) from e
         except aiohttp.ClientError as e:
             raise UpstreamUnavailable(f"replica {base_url}: {type(e).__name__}: {e}", retryable=False) from e
-        if resp.connection is not None and resp.connection.transport is not None:
-            tcp_nodelay(resp.connection.transport, True)
         return resp
 
     async def next_chunk(

@@ -86,8 +86,11 @@ class Upstream:
         # idle connections are closed after 4 s, before uvicorn (SGLang's server) drops them at 5 s, so a
         # request rarely meets a connection the replica is closing
         connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=4.0)
-        return aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        return aiohttp.ClientSession(  # no cookie jar: one answer's Set-Cookie is not another's Cookie
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def send(

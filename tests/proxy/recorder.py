@@ -77,6 +77,7 @@ class Recorder:
     def __init__(self, target: str) -> None:
         self.target = target
         self.seen: list[Seen] = []
+        self.set_cookie: str | None = None  # a Set-Cookie every answer carries, when set
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self._relay)
         self._session: aiohttp.ClientSession | None = None
@@ -97,6 +98,8 @@ class Recorder:
         async with self._session.request(request.method, url, headers=headers, data=body) as r:
             payload = await r.read()
             kept = {k: v for k, v in r.headers.items() if k.lower() in ("content-type", "x-emu-replica")}
+            if self.set_cookie is not None:
+                kept["Set-Cookie"] = self.set_cookie
             return web.Response(status=r.status, body=payload, headers=kept)
 
     @asynccontextmanager

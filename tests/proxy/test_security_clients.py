@@ -63,6 +63,20 @@ async def test_a_clients_authorization_never_reaches_a_replica(
     assert "Bearer replica-secret" in polled  # the gateway's own calls carry its credential too
 
 
+async def test_a_cookie_one_answer_set_is_never_sent_with_another_request(
+    recorded: tuple[Recorder, str], gateway: StartGateway
+) -> None:
+    """The gateway keeps no cookie jar: a replica's Set-Cookie goes back to the client it answered and
+    is never replayed to a replica on anyone's later request (the gateway's own polling included)."""
+    recorder, url = recorded
+    recorder.set_cookie = "session=alice-secret; Path=/"
+    gw = await gateway([url.replace("127.0.0.1", "localhost")], health_interval=0.1)  # a name, not an IP
+    for _ in range(2):
+        status, _, headers = await _post(gw.url, "/v1/chat/completions", CHAT, {})
+        assert status == 200
+    assert [s.headers.get("Cookie") for s in recorder.seen] == [None] * len(recorder.seen)
+
+
 async def test_credentials_in_a_replica_url_are_sent_never_shown(
     recorded: tuple[Recorder, str], gateway: StartGateway, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -73,7 +73,7 @@ async def test_a_cookie_one_answer_set_is_never_sent_with_another_request(
     gw = await gateway([url.replace("127.0.0.1", "localhost")], health_interval=0.1)  # a name, not an IP
     for _ in range(2):
         status, _, headers = await _post(gw.url, "/v1/chat/completions", CHAT, {})
-        assert status == 200
+        assert status == 200 and headers.get("Set-Cookie") == recorder.set_cookie
     assert [s.headers.get("Cookie") for s in recorder.seen] == [None] * len(recorder.seen)
 
 

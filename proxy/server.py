@@ -160,8 +160,8 @@ def main(argv: list[str]) -> int:
         return 2
     if not settings.backends and not settings.discover and settings.admin_key is None:
         print(
-            "kvroute serve: nothing to route to: give replicas with --backend URL (several: comma- or "
-            "space-separated), --discover dns://NAME:PORT, or --admin-key K to add them later with "
+            "kvroute serve: nothing to route to: give replicas with --backend URL [URL ...], "
+            "--discover dns://NAME:PORT, or --admin-key K to add them later with "
             "POST /admin/replicas",
             file=sys.stderr,
         )

@@ -39,6 +39,18 @@ def test_backends_are_comma_or_space_separated_and_repeatable() -> None:
         "http://a:1",
     ]
     assert load_settings(argv, env={}).backends == ("http://a:1", "http://b:2", "http://c:3", "http://d:4")
+    several = [
+        "--backend",
+        "http://a:1",
+        "http://b:2",
+        "--port",
+        "9000",
+        "--backend",
+        "http://c:3,http://d:4",
+    ]
+    settings = load_settings(several, env={})  # several after one flag, as sglang-router's --worker-urls
+    assert settings.backends == ("http://a:1", "http://b:2", "http://c:3", "http://d:4")
+    assert settings.port == 9000
     env = {"KVROUTE_BACKEND": "http://e:5 http://f:6"}
     assert load_settings([], env=env).backends == ("http://e:5", "http://f:6")
     with pytest.raises(SettingsError, match="backend"):

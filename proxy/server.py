@@ -20,6 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from aiohttp import web
 
@@ -180,10 +181,10 @@ def main(argv: list[str]) -> int:
             if settings.tls_cert and settings.tls_key
             else None
         )
+        st = settings
+        awaited = partial(operations.awaited, app)
         return asyncio.run(
-            serve(
-                app, settings.host, settings.port, settings.drain_timeout, tls, settings.client_idle_timeout
-            )
+            serve(app, st.host, st.port, st.drain_timeout, tls, st.client_idle_timeout, awaited)
         )
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)

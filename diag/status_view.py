@@ -105,8 +105,11 @@ def _hit(r: dict[str, Any]) -> str:
 
 def _ttft(r: dict[str, Any]) -> str:
     xs = [x for x in r.get("ttft_recent_s") or [] if _num(x)]
+    n = r.get("requests_recent") if _num(r.get("requests_recent")) else 0
+    if not xs and n:  # only a streamed answer has a TTFT
+        return f"  ttft     no TTFT in its last {n} requests (only streamed answers have one)"
     if not xs:
-        return "  ttft     no streamed requests yet"
+        return "  ttft     no requests yet"
     median = sorted(xs)[len(xs) // 2]
     return f"  ttft     {sparkline(xs)}  last {secs(xs[-1])} · median {secs(median)}"
 

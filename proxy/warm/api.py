@@ -216,6 +216,7 @@ def warm_section(jobs: WarmJobs) -> dict[str, Any]:
         "jobs": len(views),
         "steps": jobs.steps_sent,
         "preempted_steps": jobs.preemptions,
+        "tokens_per_replica": jobs.warmed_tokens(),  # live placements: the working set on each replica
         "documents": docs,
     }
 

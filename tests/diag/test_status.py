@@ -103,7 +103,9 @@ def test_render_survives_a_partial_document() -> None:
     doc: dict[str, Any] = {"policy": "cost", "replicas": [{"id": "http://r1", "healthy": False}]}
     text = render(doc, "http://gw")
     assert "http://r1  unhealthy  ?  HiCache off  not scraped yet" in text
-    assert "  gpu      model –" in text and "  ttft     no streamed requests yet" in text
+    assert "  gpu      model –" in text and "  ttft     no requests yet" in text
+    unstreamed = render({**doc, "replicas": [{"id": "http://r1", "requests_recent": 3}]}, "http://gw")
+    assert "  ttft     no TTFT in its last 3 requests (only streamed answers have one)" in unstreamed
     assert "http://r1: out of the pool" in text and "none yet" in text
 
 

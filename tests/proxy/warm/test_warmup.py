@@ -325,3 +325,26 @@ async def test_warmed_documents_show_in_status_and_metrics(stack_factory: StackF
     (row,) = section["documents"]
     assert (row["job"], row["document"], row["status"]) == (job["id"], "handbook", "warm")
     assert 'kvroute_warmup_documents{state="warm"} 1' in stack.metrics()
+
+
+async def test_warmed_documents_beyond_a_gpu_pool_are_a_status_warning(stack_factory: StackFactory) -> None:
+    """The working set of a replica's model (its warmed documents' tokens) against its GPU pool."""
+    stack = await stack_factory(n=1, emu_flags=("--max-total-tokens", "8000"))
+
+    async def warned() -> list[str]:
+        async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
+            doc = await r.json()
+        assert doc["warmup"]["tokens_per_replica"].get(stack.urls[0], 0) == sum(
+            d["tokens"] for j in jobs for d in j["documents"]
+        )
+        return [w for w in doc["warnings"] if "GPU pool" in w]
+
+    jobs = []
+    for i in range(2):  # 5,000 tokens each: the first fits the 8,000-token pool, both do not
+        body = {"model": MODEL, "documents": [{"id": f"d{i}", "text": document(i, 2500)}], "wait": True}
+        jobs.append((await warm(stack.url, body))[1])
+        if i == 0:
+            assert await warned() == []
+    (warning,) = await warned()
+    assert warning.startswith(f"{stack.urls[0]}: the working set of {MODEL} (")
+    assert "exceeds its GPU pool (8,000 tokens)" in warning

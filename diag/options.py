@@ -11,8 +11,8 @@ from pathlib import Path
 from types import ModuleType
 
 from diag.client import DiagError, check_url
+from diag.pressure import DEFAULT_CONTEXT_TOKENS
 
-DEFAULT_CONTEXT_TOKENS = 40_000  # seed 1's context R
 DEFAULT_TIMEOUT_S = 900.0  # per request: a cold 128K prefill took ~192 s in seed 2
 
 

@@ -30,8 +30,9 @@ import math
 from dataclasses import dataclass
 
 from diag.client import DiagError
-from diag.options import DEFAULT_CONTEXT_TOKENS
 from diag.target import Pool
+
+DEFAULT_CONTEXT_TOKENS = 40_000  # seed 1's context R
 
 NARROW_WINDOW_PCT = 110  # high below this % of low: no room for a middle
 NARROW_TARGET_PCT = 105  # pressure, in % of the GPU pool, when the window is narrow

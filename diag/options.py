@@ -11,8 +11,8 @@ from pathlib import Path
 from types import ModuleType
 
 from diag.client import DiagError, check_url
+from diag.pressure import DEFAULT_CONTEXT_TOKENS
 
-DEFAULT_CONTEXT_TOKENS = 40_000  # seed 1's context R
 DEFAULT_TIMEOUT_S = 900.0  # per request: a cold 128K prefill took ~192 s in seed 2
 
 
@@ -43,13 +43,16 @@ def url(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_common(p: argparse.ArgumentParser, many_urls: bool = False) -> None:
+def add_common(p: argparse.ArgumentParser, many_urls: bool = False, context_help: str = "") -> None:
+    """The shared options; with ``context_help``, ``--context-tokens`` defaults to None (the command
+    sizes it) and says so, else to ``DEFAULT_CONTEXT_TOKENS``."""
     add = p.add_argument
     if many_urls:
         add("url", type=url, nargs="+", help="SGLang servers or kvroute gateways, compared side by side")
     else:
         add("url", type=url, help="an SGLang server or a kvroute gateway, e.g. http://127.0.0.1:30000")
-    add("--context-tokens", type=positive_int, default=DEFAULT_CONTEXT_TOKENS, help="tokens of R (40000)")
+    default = None if context_help else DEFAULT_CONTEXT_TOKENS
+    add("--context-tokens", type=positive_int, default=default, help=context_help or "tokens of R (40000)")
     add("--seed", type=int, default=None, help="prompt generator seed (default: from the clock)")
     add("--max-new-tokens", type=positive_int, default=1, help="output tokens per request (1)")
     add("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, help="seconds per request (900)")

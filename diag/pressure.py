@@ -1,4 +1,7 @@
-"""Sizing the probe's eviction pressure from a replica's pools (pure).
+"""Sizing the probe's context R and its eviction pressure from a replica's pools (pure).
+
+R: ``--context-tokens`` when given (refused when it cannot fit, ``check_context``); else half the smallest
+GPU pool, at most seed 1's 40K and within the input limit (``sized_context``), said in a note.
 
 The probe sends R (r tokens), then unique contexts (pressure, p tokens in all) to R's replica, then R
 again. For the re-send to test the host pool, R must have left the GPU but not the host pool:
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from diag.client import DiagError
 from diag.target import Pool
 
+DEFAULT_CONTEXT_TOKENS = 40_000  # seed 1's context R
+
 NARROW_WINDOW_PCT = 110  # high below this % of low: no room for a middle
 NARROW_TARGET_PCT = 105  # pressure, in % of the GPU pool, when the window is narrow
 NO_HOST_TARGET_PCT = 110  # pressure, in % of the GPU pool, with HiCache off
@@ -48,6 +53,26 @@ class Plan:
     low: int  # GPU pool: at least this much pressure pushes R out of the GPU
     high: int | None  # host pool - r: more may push R out of the host pool too (None: HiCache off)
     note: str = ""
+
+
+def sized_context(pools: tuple[Pool, ...], asked: int | None) -> tuple[int, str]:
+    """R's tokens and a note saying how they were chosen: ``asked`` (``--context-tokens``) as given;
+    else half the smallest GPU pool, at most ``DEFAULT_CONTEXT_TOKENS`` (seed 1's R) and within every
+    replica's input limit, so that R and the pressure fit the pools the probe found."""
+    if asked is not None:
+        return asked, ""
+    gpu = min((p.gpu_tokens for p in pools), default=0)
+    if gpu <= 0:
+        return DEFAULT_CONTEXT_TOKENS, ""  # check_context says what is missing
+    limits = [p.max_input_tokens for p in pools if p.max_input_tokens]
+    size = min(DEFAULT_CONTEXT_TOKENS, gpu // 2, *limits)
+    if size == DEFAULT_CONTEXT_TOKENS:
+        return size, f"R is {size:,} tokens (seed 1's; --context-tokens to choose another)"
+    why = f"half the smallest GPU pool ({gpu:,} tokens)" if size == gpu // 2 else "the input limit"
+    return size, (
+        f"R sized to {size:,} tokens, {why}: seed 1's {DEFAULT_CONTEXT_TOKENS:,} would not fit "
+        "(--context-tokens to choose)"
+    )
 
 
 def check_context(pool: Pool, r_tokens: int) -> None:

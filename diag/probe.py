@@ -1,6 +1,7 @@
 """``kvroute probe URL``: seed 1's eviction-reuse probe against an SGLang server or a kvroute gateway.
 
-    1. R cold          a unique context R (default 40K tokens)
+    1. R cold          a unique context R (``--context-tokens``; by default half the smallest GPU pool,
+                       at most seed 1's 40K tokens, said in a note)
     2. pressure        unique contexts sized from R's replica's pools (diag/pressure.py): enough to push R
                        out of the GPU pool, not enough to push it out of the host pool
     3. R after eviction  the host-pool test: ~0.026 x cold when HiCache reuses the host copy (seed 1:
@@ -29,7 +30,6 @@ from diag import report
 from diag.client import Generation, SGLangClient
 from diag.metrics import read_host_used
 from diag.options import (
-    DEFAULT_CONTEXT_TOKENS,
     DEFAULT_TIMEOUT_S,
     add_common,
     plotting,
@@ -37,7 +37,7 @@ from diag.options import (
     run_command,
     seed_of,
 )
-from diag.pressure import Plan, check_context, plan_pressure
+from diag.pressure import Plan, check_context, plan_pressure, sized_context
 from diag.progress import Progress
 from diag.prompts import Prompt, PromptMaker
 from diag.results import ProbeResult
@@ -49,7 +49,7 @@ SESSION_HEADER = "x-session-id"
 
 @dataclass(frozen=True, slots=True)
 class ProbeOptions:
-    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    context_tokens: int | None = None  # None: sized from the pools (diag.pressure.sized_context)
     seed: int = 0
     max_new_tokens: int = 1
     timeout_s: float = DEFAULT_TIMEOUT_S
@@ -91,17 +91,18 @@ class Probe:
         return min(sends, key=lambda g: g.ttft_s), tuple(g.ttft_s for g in sends)
 
     async def run(self, opts: ProbeOptions) -> ProbeResult:
+        context, note = sized_context(self.target.pools, opts.context_tokens)
+        if note:
+            self.progress.note(note)
         for pool in self.target.pools:
-            check_context(pool, opts.context_tokens)
+            check_context(pool, context)
         before = await self.host_used()
-        r = self.maker.make(opts.context_tokens)
+        r = self.maker.make(context)
         cold = await self.send("1/4 R cold", r.tokens, r.body, sticky=True)
         self.maker.calibrate(r.tokens, cold.prompt_tokens)
         pool = self.target.pool(cold.replica)
         fleet = len(self.target.pools)
-        plan = plan_pressure(
-            pool, cold.prompt_tokens or r.tokens, opts.context_tokens, fleet, self.target.gateway
-        )
+        plan = plan_pressure(pool, cold.prompt_tokens or r.tokens, context, fleet, self.target.gateway)
         served, sent = await self.pressure(pool, plan)
         middle = await read_host_used(self.client, pool.replica)
         after = await self.send("3/4 R after eviction", r.tokens, r.body, sticky=False)
@@ -111,7 +112,7 @@ class Probe:
         host = (before.get(pool.replica), middle, end)
         return ProbeResult(
             self.target, pool, plan, self.maker.seed, self.maker.token_ids, r.digest,
-            cold, after, again, again_ttfts, served, sent, host, verdict,
+            cold, after, again, again_ttfts, served, sent, host, verdict, note,
         )  # fmt: skip
 
 
@@ -129,7 +130,7 @@ def parser() -> argparse.ArgumentParser:
         prog="kvroute probe",
         description="Seed 1's eviction-reuse probe: does the host pool (HiCache) give evicted prefixes back?",
     )
-    add_common(p)
+    add_common(p, context_help="tokens of R (default: half the smallest GPU pool, at most 40000)")
     p.add_argument("--again", type=positive_int, default=3, help="sends of step 4, fastest reported (3)")
     return p
 

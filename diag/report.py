@@ -67,6 +67,7 @@ def probe_text(r: ProbeResult) -> str:
         f"kvroute probe: {r.target.describe()}",
         *([f"  R's replica: {r.pool.replica}"] if r.target.gateway else []),
         f"  R: {r.cold.prompt_tokens or 0:,} tokens sent as {prompt} (prompt {r.r_digest}, seed {r.seed})",
+        *([f"  note: {r.context_note}"] if r.context_note else []),
         *_plan_lines(r),
         "",
         f"  {'step':<22} {'TTFT s':>9} {'x cold':>8} {'seed 1':>8} {'cached':>9} {'device':>9} {'host':>9}"
@@ -91,6 +92,7 @@ def probe_json(r: ProbeResult) -> str:
         "seed": r.seed,
         "prompts_as_token_ids": r.token_ids,
         "r_digest": r.r_digest,
+        "context_note": r.context_note,
         "plan": dataclasses.asdict(r.plan),
         "pressure": {"contexts": r.pressure_contexts, "served_tokens": r.pressure},
         "steps": {

@@ -59,3 +59,4 @@ class ProbeResult:
     pressure_contexts: int
     host_used: tuple[int | None, int | None, int | None]  # before step 1, after step 2, at the end
     verdict: Verdict
+    context_note: str = ""  # how R's size was chosen when --context-tokens was not given

@@ -12,7 +12,8 @@
       ttft     ▁▁▂▁▇▁▁▂  last 120 ms · median 95 ms
 
 Then the recent decisions (newest first, at most ``DECISIONS`` lines), the warnings, and the warm-up
-section when the gateway reports one. Fill bars: ``#`` per 1/16 of the tier (model = kvroute's cache
+section when the gateway reports one: a summary line and a table of its documents (at most
+``WARM_ROWS``). Fill bars: ``#`` per 1/16 of the tier (model = kvroute's cache
 model, tokens / capacity; replica = what its own /metrics reports). Sparklines: one of ``▁▂▃▄▅▆▇█`` per
 TTFT, scaled between the smallest and the largest shown. Pure: a dict in, a string out.
 """
@@ -25,6 +26,7 @@ from typing import Any
 BAR_CELLS = 16
 SPARKS = "▁▂▃▄▅▆▇█"
 DECISIONS = 12
+WARM_ROWS = 20  # documents listed in the warm-up table (the rest counted)
 SPARK_POINTS = 40
 
 
@@ -103,8 +105,11 @@ def _hit(r: dict[str, Any]) -> str:
 
 def _ttft(r: dict[str, Any]) -> str:
     xs = [x for x in r.get("ttft_recent_s") or [] if _num(x)]
+    n = r.get("requests_recent") if _num(r.get("requests_recent")) else 0
+    if not xs and n:  # only a streamed answer has a TTFT
+        return f"  ttft     no TTFT in its last {n} requests (only streamed answers have one)"
     if not xs:
-        return "  ttft     no streamed requests yet"
+        return "  ttft     no requests yet"
     median = sorted(xs)[len(xs) // 2]
     return f"  ttft     {sparkline(xs)}  last {secs(xs[-1])} · median {secs(median)}"
 
@@ -170,6 +175,37 @@ def render(doc: dict[str, Any], url: str) -> str:
     lines += ["", "recent decisions (newest first)"]
     lines += [_decision(d) for d in decisions[:DECISIONS]] or ["  none yet"]
     lines += ["", "warnings"] + [f"  {w}" for w in warnings(doc) or ["none"]]
-    if "warmup" in doc:
-        lines += ["", "warm-up", f"  {doc['warmup']}"]
+    if isinstance(doc.get("warmup"), dict):
+        lines += ["", *warmup_table(doc["warmup"])]
     return "\n".join(lines)
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    """Rows of cells, each column as wide as its widest cell, two spaces between columns."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _warm_row(d: dict[str, Any]) -> list[str]:
+    cells = (d.get("document"), d.get("tenant") or "-", tokens(d.get("tokens")), d.get("status"))
+    return [*map(str, cells), str(d.get("replicas") or "-")]
+
+
+def warmup_table(w: dict[str, Any]) -> list[str]:
+    """The warm-up section: a summary line, then one row per document (at most ``WARM_ROWS``)."""
+    docs = [d for d in w.get("documents") or [] if isinstance(d, dict)]
+    states: dict[str, int] = {}
+    for d in docs:
+        states[str(d.get("status"))] = states.get(str(d.get("status")), 0) + 1
+    split = ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+    total = sum(d["tokens"] for d in docs if _num(d.get("tokens")))
+    head = (
+        f"warm-up  {w.get('jobs', 0)} jobs · {len(docs)} documents{f' ({split})' if split else ''} · "
+        f"{tokens(total)} tokens · {w.get('steps', 0)} steps, {w.get('preempted_steps', 0)} preempted"
+    )
+    if not docs:
+        return [head]
+    rows = [["document", "tenant", "tokens", "status", "replicas"]]
+    rows += [_warm_row(d) for d in docs[:WARM_ROWS]]
+    more = [f"  … and {len(docs) - WARM_ROWS} more documents"] if len(docs) > WARM_ROWS else []
+    return [head, *_columns(rows), *more]

@@ -15,7 +15,8 @@ replicas, the tier it sits in per the gateway's cache model, status, seconds, wa
 
 Tenants (``--api-keys`` on the gateway): a client ``--api-key`` warms the documents into its own
 tenant's namespace, where only that tenant's requests find them; the ``--admin-key`` warms for no
-tenant, or for ``--tenant T``. The table names the tenant of each document.
+tenant, or for ``--tenant T``. The table names the tenant of each document. ``--help`` prints the same
+in plain text (``DESCRIPTION``, ``EPILOG``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,28 @@ from diag.options import positive_float, positive_int, url
 
 POLL_S = 0.5
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".rst")
+DESCRIPTION = """\
+Warm documents on a kvroute fleet before their first question: each document is prefilled on
+--replicas replicas through the gateway's POST /v1/warmup and kept warm for --ttl seconds."""
+EPILOG = """\
+files:
+  .txt .md      one document each (its id: the file name), laid out as --layout says:
+                  system  the document is the system message (as many RAG frameworks build it)
+                  user    the user message starts with the document, the question follows it
+                  text    a plain prompt, for /v1/completions
+  .jsonl        one document per line: {"id": ..., "text": ...} or {"id": ..., "messages": [...]}
+                (the messages later requests start with, exactly); the id is optional
+
+Progress is drawn on stderr; the end is a table: per document its tokens, replicas, the tier it sits
+in per the gateway's cache model, status, seconds and warnings. The exit status is 0 when every
+document is warm.
+
+tenants (the gateway's --api-keys): --api-key K warms into that key's tenant, where only its requests
+find the documents; --admin-key K warms for no tenant, or for --tenant T.
+
+example:
+  kvroute warm docs/*.md --gateway http://127.0.0.1:8080 --replicas 2 --ttl 7200
+"""
 
 
 def read_documents(paths: list[Path], layout: str) -> list[dict[str, Any]]:
@@ -78,13 +101,23 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvroute warm", description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("files", nargs="+", type=Path)
+    p = argparse.ArgumentParser(
+        prog="kvroute warm",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("files", nargs="+", type=Path, help="documents: .txt, .md or .jsonl files")
     p.add_argument("--gateway", type=url, required=True, help="the kvroute gateway's base URL")
     p.add_argument("--model", help="model name (default: the gateway's only model)")
     p.add_argument("--replicas", default="1", help="replicas per document: a number or 'all' (default 1)")
     p.add_argument("--ttl", type=positive_float, default=3600.0, help="seconds to keep re-warming (3600)")
-    p.add_argument("--layout", choices=("system", "user", "text"), default="system")
+    p.add_argument(
+        "--layout",
+        choices=("system", "user", "text"),
+        default="system",
+        help="how a .txt or .md document is sent (default system; see below)",
+    )
     p.add_argument("--batch", type=positive_int, default=50, help="documents per request (50)")
     key = p.add_mutually_exclusive_group()
     key.add_argument("--admin-key", help="the gateway's admin key, when it has one")

@@ -102,14 +102,22 @@ class Gateway:
 
     def resolve_model(self, parsed: ParsedRequest) -> ParsedRequest:
         """The request for the served model its ``model`` means (``proxy/fleet/model_names.py``); 404
-        model_not_found when there is none. A request without a model (``/generate``) is unchanged."""
+        model_not_found when there is none, 503 when no replica has answered yet (no model is known). A
+        request without a model (``/generate``) is unchanged."""
         if parsed.model is None:
             return parsed
         st = self.settings
         served = self.fleet.models()
         model = resolve(parsed.model, served, dict(st.model_aliases), st.single_model_fallback)
+        if model is None and not served:  # no replica ever answered: nothing is known of any model
+            tried = self.fleet.answers()
+            raise NoReplicaAvailable(
+                f"no replica has answered yet; tried: {tried}"
+                if self.fleet.replicas()
+                else "no replica in the fleet"
+            )
         if model is None:
-            known = ", ".join(sorted(served)) or "none yet"
+            known = ", ".join(sorted(served))
             raise ModelNotFound(f"The model '{parsed.model}' does not exist (served: {known})", param="model")
         if model == parsed.model:
             return parsed
@@ -128,9 +136,8 @@ class Gateway:
             ticket = self.router.route(parsed.routing, states)
         except NoCandidates:
             model = parsed.model
-            raise NoReplicaAvailable(
-                f"no healthy replica serves model {model!r}" if model else "no healthy replica"
-            ) from None
+            what = f"no healthy replica serves model {model!r}" if model else "no healthy replica"
+            raise NoReplicaAvailable(f"{what}; tried: {self.fleet.answers()}") from None
         self.metrics.decisions.labels(self.router.name, ticket.decision.reason.value).inc()
         return ticket
 

@@ -12,8 +12,9 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
     └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
 
 aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream/client.py``.
-An upstream that *answers* with an error status is not an exception: its response is relayed as-is
-(or retried on another replica when that is safe, see ``proxy/front/handlers.py``). Once a stream has
+An upstream that *answers* with an error status is not an exception: its response is relayed, in
+OpenAI's shape on the OpenAI routes (``openai_error_body``), or retried on another replica when that is
+safe (``proxy/dispatch/forward.py``). Once a stream has
 started, the status can no longer change: the handler sends one SSE error event and closes.
 An error with ``retry_after`` (seconds) is sent with a ``Retry-After`` header (429s, the drain's 503).
 """
@@ -187,7 +188,8 @@ _TYPES = {
 def openai_error_body(status: int, body: bytes) -> bytes | None:
     """An error body a replica sent in another shape (FastAPI's ``{"detail": ...}``, SGLang's flat
     ``{"object": "error", "message": ...}``, plain text), re-shaped as OpenAI's; None when it already is
-    (or is no error). Used on pass-through routes only: generation routes relay the engine's bytes."""
+    (or is no error). Used on the OpenAI routes (``proxy/dispatch/forward.py``); ``/generate`` relays
+    SGLang's native errors as they are."""
     if status < 400:
         return None
     try:

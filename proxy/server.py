@@ -20,6 +20,7 @@ import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 from aiohttp import web
 
@@ -160,8 +161,8 @@ def main(argv: list[str]) -> int:
         return 2
     if not settings.backends and not settings.discover and settings.admin_key is None:
         print(
-            "kvroute serve: nothing to route to: give replicas with --backend URL (several: comma- or "
-            "space-separated), --discover dns://NAME:PORT, or --admin-key K to add them later with "
+            "kvroute serve: nothing to route to: give replicas with --backend URL [URL ...], "
+            "--discover dns://NAME:PORT, or --admin-key K to add them later with "
             "POST /admin/replicas",
             file=sys.stderr,
         )
@@ -180,10 +181,10 @@ def main(argv: list[str]) -> int:
             if settings.tls_cert and settings.tls_key
             else None
         )
+        st = settings
+        awaited = partial(operations.awaited, app)
         return asyncio.run(
-            serve(
-                app, settings.host, settings.port, settings.drain_timeout, tls, settings.client_idle_timeout
-            )
+            serve(app, st.host, st.port, st.drain_timeout, tls, st.client_idle_timeout, awaited)
         )
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)

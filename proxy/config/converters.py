@@ -3,10 +3,11 @@
 Every key's value, whether it comes from a flag, the TOML file or the environment, goes through its
 converter in ``CONVERTERS``, which raises ``ValueError`` for an invalid one (``proxy/config/settings.py``
 names the key and the source in the message). ``backend`` takes one or several URLs separated by commas or
-whitespace (as sglang-router's ``--worker-urls``), is repeatable on the command line and may be a list
-in TOML. ``model_alias`` maps model names clients send to served models (``NAME=MODEL``, repeatable,
+whitespace, or a list of such strings: the command line gives one string per URL after the flag (as
+sglang-router's ``--worker-urls``, ``proxy/config/flags.py``) and the flag may be repeated; TOML may give a
+list. ``model_alias`` maps model names clients send to served models (``NAME=MODEL``, repeatable,
 comma-separated in the environment, a table ``[model_alias]`` in TOML). ``discover`` takes DNS targets
-the same way as ``backend`` (``dns://NAME:PORT``, ``dns+srv://_PORT._PROTO.NAME``;
+separated the same way, the flag repeated for several (``dns://NAME:PORT``, ``dns+srv://_PORT._PROTO.NAME``;
 ``proxy/fleet/discovery.py``).
 """
 

@@ -12,7 +12,12 @@ from routing.config import POLICY_NAMES
 FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--host", "ADDR", "address to listen on; 0.0.0.0 to accept clients from other hosts"),
     ("--port", "PORT", "port to listen on"),
-    ("--backend", "URL", "replica base URL(s), comma- or space-separated; repeatable"),
+    (
+        "--backend",
+        "URL",
+        "replica base URL(s): several after one flag (as sglang-router's --worker-urls), comma- or "
+        "space-separated, or the flag repeated",
+    ),
     (
         "--discover",
         "URI",
@@ -173,7 +178,8 @@ SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),
     ("--access-log", "log one line per request: method, path, status, replica, reason, TTFT, tokens, id"),
 )
-_REPEATABLE = {"--backend", "--discover", "--model-alias"}
+_REPEATABLE = {"--discover", "--model-alias"}
+_MANY = {"--backend"}  # takes several values after one flag, and is repeatable too
 
 
 def kvroute_version() -> str:
@@ -195,8 +201,11 @@ def parser(defaults: Mapping[str, object]) -> argparse.ArgumentParser:
         name = flag[2:].replace("-", "_")
         default = defaults.get("backends" if name == "backend" else name)
         shown = f" (default: {_shown(default)})" if default not in (None, (), "") else ""
-        action = "append" if flag in _REPEATABLE else "store"
-        p.add_argument(flag, action=action, metavar=metavar, help=text + shown)
+        if flag in _MANY:
+            p.add_argument(flag, action="extend", nargs="+", metavar=metavar, help=text + shown)
+        else:
+            action = "append" if flag in _REPEATABLE else "store"
+            p.add_argument(flag, action=action, metavar=metavar, help=text + shown)
     for flag, text in SWITCHES:
         p.add_argument(flag, action="store_const", const=True, help=text)
     return p

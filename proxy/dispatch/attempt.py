@@ -4,10 +4,10 @@ An ``Attempt`` takes a load lease on its replica (the predicted uncached tokens 
 flight until the first byte), fixes the loop time by which its first byte must arrive
 (``proxy/upstream/deadlines.py``, from the ticket's predicted TTFT), and collects what the outcome needs:
 TTFT, usage, ``ok`` (an answer < 400, for the Router) and ``verdict`` (for the replica's circuit breaker:
-True for an answer < 500, False for a 5xx, a connection error, a timeout or a cut stream, None when
-the client left first). ``finish`` ends it exactly once: the lease is released, the Router learns
-from the replica's ``Report`` (or rolls back what never ran), the metrics and the access log see it,
-and the breaker gets the verdict.
+True for an answer < 400, False for a 5xx, a connection error, a timeout or a cut stream, None for a
+4xx, the client's bad request, and when the client left first). ``finish`` ends it exactly once: the
+lease is released, the Router learns from the replica's ``Report`` (or rolls back what never ran), the
+metrics and the access log see it, and the breaker gets the verdict.
 """
 
 from __future__ import annotations

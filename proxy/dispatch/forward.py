@@ -11,7 +11,8 @@ whose circuit breaker refuses (``Fleet.admit``: open, or its half-open trial alr
    no first byte by the deadline (the replica is asked to abort the rid, when known, and the
    connection is closed), a body or a stream's first chunk that fails, a stream whose first event is
    an in-band 5xx error (SGLang's way to fail a request it already accepted, e.g. while restarting);
-   any other answer is relayed;
+   any other answer is relayed (an error in another shape than OpenAI's re-shaped, except on
+   ``/generate``);
 3. relay: the whole body here, or SSE chunk by chunk (``proxy/dispatch/stream_relay.py``, which also says what
    a failure after the first streamed byte does);
 4. ``finally``: ``Attempt.finish`` (lease, Router report, metrics, the breaker's verdict).
@@ -120,8 +121,9 @@ async def forward(
 
 
 def _blame(gw: Gateway, suspects: list[tuple[ReplicaId, str]], status: int) -> None:
-    """Another replica answered below 500: the 5xx answers before it were the replicas' fault."""
-    if status < 500:
+    """Another replica answered well (below 400): the 5xx answers before it were the replicas' fault. A
+    4xx says the request is bad, and it may be what made them fail: nobody is blamed."""
+    if status < 400:
         for replica, reason in suspects:
             gw.fleet.outcome(replica, False, reason)
 
@@ -155,7 +157,7 @@ async def _try(
             a.suspected(f"HTTP {resp.status}")
             gw.metrics.upstream_errors.labels(a.replica, f"http_{resp.status}").inc()
             if resp.status in RETRY_STATUSES and can_retry and _budget_allows(gw, parsed):
-                a.answer = await _kept_answer(gw, a, resp, rid_header)
+                a.answer = await _kept_answer(gw, a, resp, rid_header, parsed.route)
                 return None
         extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
         out_headers = response_headers(resp.headers, extra)
@@ -165,21 +167,28 @@ async def _try(
             body = await gw.up.read(resp, a.replica, a.wait)
         a.whole_body()
         a.ok = resp.status < 400
-        if resp.status < 500:
-            a.verdict = True
+        if a.ok:
+            a.verdict = True  # a 4xx is the client's: it says nothing of the replica (verdict None)
         a.usage = body_usage(body) if a.ok else a.usage
         if a.tap is not None:
             a.tap.body(resp.status, body)
-        reshaped = openai_error_body(resp.status, body) if parsed.route is Route.PASSTHROUGH else None
-        if reshaped is not None:
-            body, out_headers["Content-Type"] = reshaped, "application/json"
-        return web.Response(status=resp.status, body=body, headers=out_headers)
+        return _answer(resp.status, body, out_headers, parsed.route)
     finally:
         resp.release()
 
 
+def _answer(status: int, body: bytes, headers: CIMultiDict[str], route: Route) -> web.Response:
+    """A replica's whole answer as relayed: an error in another shape than OpenAI's (SGLang's flat
+    ``{"object": "error", ...}``, FastAPI's ``detail``, text) re-shaped on the OpenAI routes; ``/generate``
+    keeps SGLang's native errors."""
+    reshaped = openai_error_body(status, body) if route is not Route.GENERATE else None
+    if reshaped is not None:
+        body, headers["Content-Type"] = reshaped, "application/json"
+    return web.Response(status=status, body=body, headers=headers)
+
+
 async def _kept_answer(
-    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, rid_header: str | None
+    gw: Gateway, a: Attempt, resp: aiohttp.ClientResponse, rid_header: str | None, route: Route
 ) -> web.Response | None:
     """A replica's 5xx answer that is retried elsewhere, kept to relay should no replica do better
     (None when its body cannot be read)."""
@@ -188,7 +197,7 @@ async def _kept_answer(
     except UpstreamError:
         return None
     extra = {"x-request-id": rid_header, "x-kvroute-replica": a.replica} if rid_header else {}
-    return web.Response(status=resp.status, body=body, headers=response_headers(resp.headers, extra))
+    return _answer(resp.status, body, response_headers(resp.headers, extra), route)
 
 
 def _budget_allows(gw: Gateway, parsed: ParsedRequest) -> bool:

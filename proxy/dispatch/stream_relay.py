@@ -83,7 +83,7 @@ async def relay_sse(
         if resp.status < 400 and parsed.route is not Route.PASSTHROUGH and not sniffer.saw_done:
             raise UpstreamUnavailable("stream ended before [DONE]", retryable=False)
         a.ok = resp.status < 400
-        a.verdict = a.verdict if resp.status >= 500 else True
+        a.verdict = True if resp.status < 400 else a.verdict  # a 4xx is the client's (None)
     except UpstreamError as e:
         log.warning("stream from %s failed after its first byte: %s", a.replica, e.message)
         gw.metrics.stream_errors.labels(a.replica).inc()

@@ -119,6 +119,14 @@ class Fleet:
     def replicas(self) -> list[Replica]:
         return list(self._replicas.values())
 
+    def answers(self, shown: int = 8) -> str:
+        """What each replica last answered (``URL (reason)``, the first ``shown``), for error messages and
+        the start-up line that waits for a healthy replica."""
+        now, replicas = time.monotonic(), self.replicas()
+        parts = [f"{r.id} ({r.answered(now)})" for r in replicas[:shown]]
+        more = f" and {len(replicas) - shown} more" if len(replicas) > shown else ""
+        return ", ".join(parts) + more if parts else "no replica configured"
+
     # ---- routing inputs ----
     def models(self) -> set[str]:
         return {r.info.served_model for r in self._replicas.values() if r.info is not None}

@@ -89,6 +89,13 @@ class Replica:
             started_at=i.started_at if i else 0.0,
         )
 
+    def answered(self, now: float) -> str:
+        """What it last answered, in a few words, for an operator (its URL is not repeated)."""
+        if self.healthy and self.info is not None:
+            return "circuit breaker open" if not self.breaker.admits(now) else "healthy"
+        error = self.last_error or "no answer yet"
+        return error.removeprefix(f"replica {self.id}").lstrip(": ") or error
+
     def status(self) -> dict[str, Any]:
         i = self.info
         return {

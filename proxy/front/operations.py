@@ -23,7 +23,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context import GATEWAY, Gateway
-from proxy.errors import ModelNotFound, UpstreamError
+from proxy.errors import ModelNotFound, NoReplicaAvailable, UpstreamError
 from proxy.fleet.model_names import resolve
 from proxy.observe.metrics import CONTENT_TYPE
 from proxy.status.document import status_document
@@ -66,6 +66,8 @@ async def get_model(request: web.Request) -> web.Response:
     gw, name = request.app[GATEWAY], request.match_info["model"]
     models = {m["id"]: m for m in await model_list(gw)}
     st = gw.settings
+    if not models:  # no healthy replica answered: a 404 would blame the name
+        raise NoReplicaAvailable(f"no healthy replica to list models; tried: {gw.fleet.answers()}")
     served = resolve(name, models, dict(st.model_aliases), st.single_model_fallback)
     if served is None or served.split(":", 1)[0] not in models:
         raise ModelNotFound(f"The model '{name}' does not exist", param="model")
@@ -77,15 +79,15 @@ async def health(request: web.Request) -> web.Response:
     return _json({"status": "ok"})
 
 
-async def ready(request: web.Request) -> web.Response:
-    """200 once a replica is healthy and, with ``--state``, the start-up replay of the shared log is
-    done (or gave up after ``proxy.sync.state_sync.START_WAIT_S``); 503 before."""
-    gw = request.app[GATEWAY]
+def readiness(app: web.Application) -> tuple[bool, dict[str, Any]]:
+    """What ``/ready`` answers: ready once a replica is healthy and, with ``--state``, the start-up replay
+    of the shared log is done (or gave up after ``proxy.sync.state_sync.START_WAIT_S``); the document."""
+    gw = app[GATEWAY]
     if gw.admission.draining:
-        return _json({"status": "draining", "inflight": gw.admission.inflight}, status=503)
+        return False, {"status": "draining", "inflight": gw.admission.inflight}
     replicas = gw.fleet.replicas()
     healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
-    sync = request.app.get(STATE_SYNC)
+    sync = app.get(STATE_SYNC)
     replaying = sync is not None and not sync.ready.is_set()
     doc = {
         "status": "ready" if healthy and not replaying else "not ready",
@@ -93,7 +95,25 @@ async def ready(request: web.Request) -> web.Response:
         "replicas": len(replicas),
         **({"state": "replaying the shared log"} if replaying else {}),
     }
-    return _json(doc, status=200 if healthy and not replaying else 503)
+    return bool(healthy and not replaying), doc
+
+
+def awaited(app: web.Application) -> str | None:
+    """What the start-up ready line waits for (``proxy/runtime/serving.py``): None once it may be printed,
+    when ``/ready`` says ready or when no replica was configured (``--admin-key`` alone: the replicas come
+    from ``POST /admin/replicas`` later, and ``/ready`` answers 503 until one of them is healthy)."""
+    st = app[GATEWAY].settings
+    ok, doc = readiness(app)
+    if ok or not (st.backends or st.discover):
+        return None
+    if doc["healthy_replicas"] and doc.get("state"):
+        return "the replay of the shared state log"
+    return f"a healthy replica: {app[GATEWAY].fleet.answers()}"
+
+
+async def ready(request: web.Request) -> web.Response:
+    ok, doc = readiness(request.app)
+    return _json(doc, status=200 if ok else 503)
 
 
 async def status(request: web.Request) -> web.Response:

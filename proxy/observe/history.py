@@ -67,6 +67,10 @@ class History:
         """The replica's outcomes at or after wall time ``since``, oldest first."""
         return [o for o in self._replicas.get(replica, ()) if o.at >= since]
 
+    def count(self, replica: str) -> int:
+        """How many outcomes the replica's ring holds (at most ``PER_REPLICA``)."""
+        return len(self._replicas.get(replica, ()))
+
     def ttfts(self, replica: str) -> list[float]:
         """The replica's recent measured TTFTs (seconds), oldest first (requests with a first byte)."""
         return [o.ttft_s for o in self._replicas.get(replica, ()) if o.ttft_s is not None]

@@ -8,16 +8,18 @@
   body too.
 - ``serve`` listens (a port already in use is one line, not a traceback), over TLS when given an
   ``ssl.SSLContext`` (``tls_context``: ``--tls-cert/--tls-key``), prints the ready line (``kvroute ready URL
-  TIMESTAMP``, the local time with its offset), and runs until SIGINT or SIGTERM; then drains
+  TIMESTAMP``, the local time with its offset) once ``awaited`` says nothing is awaited any more
+  (``proxy/runtime/ready_line.py``), and runs until SIGINT or SIGTERM; then drains
   (``proxy/runtime/drain.py``) and closes the app (its cleanup contexts close the upstream session and the
   health poller). It returns the exit status.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import ssl
-import time
 from typing import Any
 
 import orjson
@@ -26,6 +28,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from proxy.runtime.drain import Signals, drain
+from proxy.runtime.ready_line import Awaited, announce
 
 log = logging.getLogger("kvroute.http")
 
@@ -103,10 +106,11 @@ async def serve(
     drain_timeout_s: float = 30.0,
     ssl_context: ssl.SSLContext | None = None,
     idle_timeout: float = 75.0,
+    awaited: Awaited | None = None,
 ) -> int:
     """Serves until SIGINT/SIGTERM, drains; the exit status. Raises StartupError when it cannot listen.
     A connection idle for ``idle_timeout`` seconds (no request yet, or headers that never end) is
-    closed."""
+    closed. The ready line is printed once ``awaited()`` is None (at once without it)."""
     run = runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=idle_timeout)
     await run.setup()
     try:
@@ -117,9 +121,17 @@ async def serve(
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         scheme = "https" if ssl_context is not None else "http"
         bound = run.addresses[0][1] if port == 0 and run.addresses else port  # port 0: the one given
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        print(f"kvroute ready {scheme}://{host}:{bound} {stamp}", flush=True)
-        await signals.next()
+        ready = asyncio.ensure_future(announce(f"{scheme}://{host}:{bound}", awaited or _nothing))
+        try:
+            await signals.next()
+        finally:
+            ready.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ready
         return await drain(app, signals, drain_timeout_s)
     finally:
         await run.cleanup()
+
+
+def _nothing() -> None:
+    """Nothing awaited: the ready line is printed once the gateway listens."""

@@ -4,7 +4,8 @@ Top level: ``time`` (epoch seconds), ``policy``, ``healthy_replicas``, ``replica
 ``cache_model`` (prediction accuracy per replica), ``router`` (``routing.status.RouterStatus``),
 ``config`` (settings, secrets redacted), ``decisions`` (the last routing decisions, newest first:
 ``proxy.observe.history.Outcome``), ``scrape_interval_s``, ``warnings`` (replicas whose view is degraded,
-a state store down), and one key per section other modules registered (``GatewayMetrics.register_section``:
+a state store down, a replica whose warmed documents exceed its GPU pool: ``working_set_warnings``), and
+one key per section other modules registered (``GatewayMetrics.register_section``:
 the warm-up API's ``warmup``, the KV events' ``kv_events``, the knowledge watch's ``knowledge``, ...).
 
 Per replica, next to its membership and pools (``proxy.fleet.replica.Replica.status``):
@@ -17,7 +18,8 @@ Per replica, next to its membership and pools (``proxy.fleet.replica.Replica.sta
   names without the prefix; ``enabled``, ``age_s``, ``errors``, ``last_error``: the scraper's state);
 - ``hit_ratio``: ``gateway`` = cached / prompt tokens over its recent requests through this gateway
   (``usage``), and ``device``/``host``/``storage`` = the replica's own split over the scrape window;
-- ``ttft_recent_s``: the measured TTFTs of its recent streamed requests, oldest first.
+- ``ttft_recent_s``: the measured TTFTs of its recent streamed requests, oldest first; ``requests_recent``:
+  how many recent requests those are among (non-streamed answers have no TTFT).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def replica_doc(gw: Gateway, r: Replica, view: ReplicaView | None, now: float) -
         "reported": _reported(m.scraper, r.id, now),
         "hit_ratio": {"gateway": m.history.hit_ratio(r.id), **{t: tiers.get(t) for t in TIERS}},
         "ttft_recent_s": m.history.ttfts(r.id),
+        "requests_recent": m.history.count(r.id),
     }
 
 
@@ -101,13 +104,13 @@ def status_document(gw: Gateway) -> dict[str, Any]:
         "scrape_interval_s": gw.metrics.scraper.interval_s,
     }
     sections = gw.metrics.sections()
-    core["warnings"] = warnings(sections)
+    core["warnings"] = warnings(sections, replicas)
     return {**sections, **core}  # a section never replaces a key of the core document
 
 
-def warnings(sections: dict[str, Any]) -> list[str]:
+def warnings(sections: dict[str, Any], replicas: list[dict[str, Any]] | None = None) -> list[str]:
     """What needs a look, from the sections: replicas whose view is degraded, a state store that does
-    not answer (the replicas' own warnings are in their entries)."""
+    not answer, working sets larger than a GPU pool (the replicas' own warnings are in their entries)."""
     out = [
         f"{rid}: the gateway's view is degraded: {k['reason']}"
         for rid, k in (sections.get("knowledge") or {}).items()
@@ -116,4 +119,24 @@ def warnings(sections: dict[str, Any]) -> list[str]:
     state = sections.get("state")
     if isinstance(state, dict) and state.get("state") == "degraded":
         out.append(f"state store {state.get('store')} unavailable: {state.get('last_error')}")
+    return out + working_set_warnings(sections.get("warmup"), replicas or [])
+
+
+def working_set_warnings(warmup: object, replicas: list[dict[str, Any]]) -> list[str]:
+    """A replica whose model's working set exceeds its GPU pool. The working set is what is meant to
+    stay in GPU memory there: the tokens of the warmed documents placed on it (live placements, this
+    gateway's and the others', the warm-up section's ``tokens_per_replica``). What live traffic left in
+    the cache model is not added: a full GPU tier is the normal state of a busy replica."""
+    placed = warmup.get("tokens_per_replica") if isinstance(warmup, dict) else None
+    if not isinstance(placed, dict):
+        return []
+    out = []
+    for r in replicas:
+        tokens, gpu = placed.get(r["id"], 0), r.get("gpu_tokens") or 0
+        if gpu and tokens > gpu:
+            out.append(
+                f"{r['id']}: the working set of {r.get('model') or 'its model'} ({round(tokens):,} tokens of "
+                f"warmed documents) exceeds its GPU pool ({gpu:,} tokens): they cannot all stay in GPU "
+                "memory; warm fewer documents, or place them on more replicas"
+            )
     return out

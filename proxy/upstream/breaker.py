@@ -16,8 +16,10 @@ what requests meet on the replica. States:
 
 The fleet never lets breakers eject more than half of its replicas, nor the last one: past that,
 failures are counted but trip nothing (``may_trip``). And a replica's 5xx answer reaches its breaker
-only once another replica answered the same request well (``proxy/dispatch/forward.py``): a 500 that follows
-the request, not the replica, blames nobody. ``reset`` closes the breaker outright:
+only once another replica answered the same request well, below 400 (``proxy/dispatch/forward.py``): a 500
+that follows the request, not the replica, blames nobody, nor does one followed by another replica's 4xx
+(the request is bad). A 4xx answer, the client's bad request, is no verdict at all: neither a failure
+nor a good answer. ``reset`` closes the breaker outright:
 the fleet calls it when a replica comes back from unhealthy or restarted (a fresh process is used
 again as soon as its health check passes). Times are ``time.monotonic()`` seconds, given by the
 caller; the breaker does no I/O.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -117,7 +118,7 @@ class Upstream:
                     allow_redirects=False,
                 )
         except aiohttp.ClientConnectorError as e:
-            msg = f"replica {base_url} unreachable: {type(e).__name__}"
+            msg = f"replica {base_url} unreachable ({unreachable_why(e)})"
             raise UpstreamUnavailable(msg, retryable=True, unreachable=True) from e
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:  # e.g. a stale keep-alive
             raise UpstreamUnavailable(f"replica {base_url} closed: {type(e).__name__}", retryable=True) from e
@@ -203,6 +204,9 @@ class Upstream:
                 return resp.status, await resp.read()
         except (TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise UpstreamTimeout(f"replica {base_url}{path}: timeout") from e
+        except aiohttp.ClientConnectorError as e:
+            msg = f"replica {base_url}{path}: unreachable ({unreachable_why(e)})"
+            raise UpstreamUnavailable(msg, retryable=True) from e
         except aiohttp.ClientError as e:
             raise UpstreamUnavailable(f"replica {base_url}{path}: {type(e).__name__}", retryable=True) from e
 
@@ -221,3 +225,13 @@ class Upstream:
             return orjson.loads(body)
         except orjson.JSONDecodeError as e:
             raise UpstreamError(f"replica {base_url}{path}: invalid JSON") from e
+
+
+def unreachable_why(e: aiohttp.ClientConnectorError) -> str:
+    """Why a connection failed, in words an operator reads (the OS error's class otherwise)."""
+    os_error = e.os_error
+    if isinstance(os_error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(os_error, socket.gaierror):
+        return f"name not resolved: {os_error.strerror}"
+    return type(os_error).__name__

@@ -1,7 +1,8 @@
 """The warm-up API: place long documents before the first question (``proxy.warm.jobs`` does the work).
 
     POST   /v1/warmup        a job: documents to prefill (``proxy.warm.documents``); 202 with the job at once,
-                             or, with ``"wait": true``, 200 once every document is warm or failed
+                             or, with ``"wait": true``, 200 once every document is warm or failed; without
+                             ``model``, the fleet's only model (400 naming them when it serves several)
     GET    /v1/warmup        every job, summarised (with ``--state``: the other gateways' too)
     GET    /v1/warmup/{id}   one job: per document its tokens, replicas, status, seconds, warnings, and
                              where it sits now per the cache model (tokens per tier, per replica)
@@ -27,8 +28,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.context import GATEWAY
-from proxy.errors import NotFound
+from proxy.context import GATEWAY, Gateway
+from proxy.errors import InvalidRequest, NoReplicaAvailable, NotFound
 from proxy.front.handlers import read_body
 from proxy.front.openai import parse_json
 from proxy.sync.state_sync import STATE_SYNC
@@ -94,6 +95,8 @@ async def create(request: web.Request) -> web.Response:
     who = warm_access.caller(request, gw)
     raw = await read_body(request, gw.settings.max_body_bytes)
     body = parse_json(raw)
+    if "model" not in body:
+        body = {**body, "model": _only_model(gw)}
     tenant = warm_access.tenant_for(who, gw, body)
     req = parse_warmup(body, tenant)
     warm_access.charge(who, gw, len(raw))
@@ -112,6 +115,17 @@ async def create(request: web.Request) -> web.Response:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(job.done.wait(), timeout=WAIT_LIMIT_S)
     return _json(job_view(jobs, job, detail=True))
+
+
+def _only_model(gw: Gateway) -> str:
+    """The model of a request that names none: the fleet's only one; 400 naming the choices when it
+    serves several, 503 when no replica has answered yet."""
+    served = sorted(gw.fleet.models())
+    if len(served) == 1:
+        return served[0]
+    if not served:
+        raise NoReplicaAvailable(f"no replica has answered yet; tried: {gw.fleet.answers()}")
+    raise InvalidRequest(f"'model' is needed: the fleet serves {', '.join(served)}", param="model")
 
 
 def _with_model(req: WarmupRequest, model: str) -> WarmupRequest:
@@ -202,6 +216,7 @@ def warm_section(jobs: WarmJobs) -> dict[str, Any]:
         "jobs": len(views),
         "steps": jobs.steps_sent,
         "preempted_steps": jobs.preemptions,
+        "tokens_per_replica": jobs.warmed_tokens(),  # live placements: the working set on each replica
         "documents": docs,
     }
 

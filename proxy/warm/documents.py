@@ -2,11 +2,12 @@
 
 A ``POST /v1/warmup`` body::
 
-    {"model": "...", "documents": [{"id"?: "...", "text": "..."} | {"id"?: "...", "messages": [...]}],
+    {"model"?: "...", "documents": [{"id"?: "...", "text": "..."} | {"id"?: "...", "messages": [...]}],
      "replicas"?: 1 | "all", "ttl"?: 3600, "wait"?: false, "cache_salt"?: "...", "tenant"?: "..."}
 
 Any other field, in the body or in a document, is a 400 naming it: a field kvroute does not know is
-never silently ignored. ``tenant`` is read by ``proxy/warm/access.py`` (only the admin key may name one).
+never silently ignored. ``tenant`` is read by ``proxy/warm/access.py`` (only the admin key may name one);
+a body without ``model`` is given the fleet's only model before it gets here (``proxy/warm/api.py``).
 
 - ``text``: a plain prompt prefix, as later ``/v1/completions`` or ``/generate`` requests start with it.
   It is warmed with SGLang's cheapest prefill-only request (contract §7): ``POST /generate`` with

@@ -31,6 +31,7 @@ import uuid
 from proxy.context import Gateway
 from proxy.errors import UpstreamError
 from proxy.fleet.load import Work
+from proxy.types import Usage
 from proxy.upstream.relay import body_usage
 from proxy.warm.documents import Document, Step
 from proxy.warm.registry import Job, Placement, WarmDoc, WarmRegistry
@@ -115,7 +116,7 @@ class WarmJobs(WarmRegistry):
     async def _warm(self, job: Job, d: WarmDoc, p: Placement) -> None:
         started = time.monotonic()
         try:
-            await self._steps(d.doc, p.replica)
+            self.counted(d, await self._steps(d.doc, p.replica))
             p.status, p.error, p.warmed_at = "warm", None, time.monotonic()
         except UpstreamError as e:
             p.status, p.error = "failed", e.message
@@ -125,18 +126,20 @@ class WarmJobs(WarmRegistry):
             self._busy.discard(p.replica)
             self._wake.set()
 
-    async def _steps(self, doc: Document, replica: ReplicaId) -> None:
+    async def _steps(self, doc: Document, replica: ReplicaId) -> int | None:
         """Cut after cut: each step waits until the replica is quiet and is sized when it is sent; a
-        step a live request preempted is sent again (what it had computed is cached by then)."""
+        step a live request preempted is sent again (what it had computed is cached by then). The prompt
+        tokens the replica reported for the last step, the whole document (None if it reported none)."""
         cut, length = 0, doc.cut_length()
         while True:
             await self._until_quiet(replica)
             nxt = min(length, cut + self._step_chars(replica))
-            if not await self._send(doc.step(nxt, "kvroute-warm-" + uuid.uuid4().hex), replica):
+            usage = await self._send(doc.step(nxt, "kvroute-warm-" + uuid.uuid4().hex), replica)
+            if usage is None:
                 continue
             cut = nxt
             if cut >= length:
-                return
+                return usage.prompt_tokens
 
     def preempt(self, replica: ReplicaId) -> None:
         """A live request was just sent to ``replica``: the warm-up step running there is aborted, so
@@ -156,8 +159,9 @@ class WarmJobs(WarmRegistry):
                 raise UpstreamError(f"replica {replica} left or became unhealthy during the warm-up")
             await asyncio.sleep(QUIET_POLL_S)
 
-    async def _send(self, step: Step, replica: ReplicaId) -> bool:
-        """One step under a load lease; False when a live request preempted it (not an error)."""
+    async def _send(self, step: Step, replica: ReplicaId) -> Usage | None:
+        """One step under a load lease: what the replica reported of it; None when a live request
+        preempted it (not an error)."""
         gw = self.gw
         states = gw.fleet.snapshot(step.parsed.model)
         ticket = gw.router.assign((await gw.exact(step.parsed)).routing, states, replica)
@@ -175,13 +179,13 @@ class WarmJobs(WarmRegistry):
         try:
             status, body = await gw.up.call(replica, "POST", step.path, STEP_TIMEOUT_S, data=step.body)
             if rid in self._preempted:
-                return False
+                return None
             if status >= 400:
                 raise UpstreamError(f"{step.path} answered HTTP {status}")
             u = body_usage(body)
             report = Report(True, u.prompt_tokens, u.cached_tokens, time.monotonic() - t0)
             self.steps_sent += 1
-            return True
+            return u
         finally:
             self._running.pop(replica, None)
             self._preempted.discard(rid)

@@ -20,6 +20,7 @@ from typing import Any
 
 from proxy.context import Gateway
 from proxy.warm.documents import Document, WarmupRequest
+from routing.prompt import PromptRequest
 from routing.tiers import host_reusable
 from routing.types import ReplicaId, RoutingRequest
 
@@ -42,13 +43,16 @@ class Placement:
 @dataclass(slots=True)
 class WarmDoc:
     doc: Document
-    routing: RoutingRequest  # hashes and tokens of the whole document, computed once
+    routing: RoutingRequest  # hashes and tokens of the whole document (prepared again once it is warm)
     placements: list[Placement]
     warnings: list[str] = field(default_factory=list)
+    reported_tokens: int | None = None  # what a replica reported for the whole document, once warm
 
     @property
     def tokens(self) -> int:
-        return self.routing.prompt_tokens
+        """The replica's own count once one reported it; before, the estimate: exact with the gateway's
+        tokenizer (``--tokenizer-path``), else from the bytes per token the router has learned."""
+        return self.reported_tokens or self.routing.prompt_tokens
 
 
 def _live(d: WarmDoc) -> bool:
@@ -149,8 +153,7 @@ class WarmRegistry:
     def _place(self, doc: Document, count: int | None, warmed: dict[ReplicaId, float]) -> WarmDoc:
         router, fleet = self.gw.router, self.gw.fleet
         states = fleet.snapshot(doc.model)
-        whole = doc.whole().parsed
-        request = (self.gw.tokenizer.tokenized_now(whole) if self.gw.tokenizer else whole).routing
+        request = self.prompt(doc)
         order = router.place_warmup(request, states, warmed)
         chosen = order if count is None else order[:count]
         wd = WarmDoc(doc, router.prepare(request), [Placement(r) for r in chosen])
@@ -162,6 +165,19 @@ class WarmRegistry:
         if not chosen:
             wd.warnings.append(f"no healthy replica serves '{doc.model}'")
         return wd
+
+    def prompt(self, doc: Document) -> PromptRequest:
+        """What routing sees of the whole document: its engine token ids with the gateway's tokenizer,
+        else its text (whose tokens the router estimates)."""
+        whole = doc.whole().parsed
+        return (self.gw.tokenizer.tokenized_now(whole) if self.gw.tokenizer else whole).routing
+
+    def counted(self, d: WarmDoc, reported: int | None) -> None:
+        """The document is warm and a replica reported its prompt tokens: that count is kept, and its
+        routing view prepared again with what the router has learned of tokens meanwhile."""
+        if reported:
+            d.reported_tokens = reported
+            d.routing = self.gw.router.prepare(self.prompt(d.doc))
 
     def where(self, d: WarmDoc) -> dict[ReplicaId, dict[str, float | str]]:
         """Per replica, where the document sits now per the cache model: tokens per tier, and the tier

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,14 @@ def test_gpu_replicas_take_one_distinct_gpu_each_and_launch_write_back() -> None
         flags = caching_flags(launch_argv(env))
         assert flags["--hicache-write-policy"] == "write_back" and flags["--enable-cache-report"] is True
         assert s["ulimits"]["memlock"] == -1 and s["ipc"] == "host"
+
+
+def test_the_sglang_image_is_pinned_to_a_release() -> None:
+    for name, s in services("gpu").items():
+        default = re.fullmatch(r"\$\{SGLANG_IMAGE:-(.+)\}", s["image"])
+        assert default is not None, name
+        image, _, tag = default.group(1).partition(":")
+        assert image == "lmsysorg/sglang" and re.fullmatch(r"v\d+\.\d+\.\d+(\.post\d+)?(-cu\d+)?", tag), tag
 
 
 def test_the_emulated_replicas_run_the_gpu_replicas_caching_flags() -> None:

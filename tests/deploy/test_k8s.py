@@ -2,11 +2,13 @@
 Kubernetes schemas (kubernetes-validate, strict, offline) and holds together: selectors select, the
 gateway config is valid kvroute settings discovering the headless Service, SGLang runs write_back with
 the template's caching flags, GPUs and /dev/shm in memory, the CPU overlay runs the emulator with the
-same flags, the ServiceMonitors (a CRD the schemas lack) select a Service with the port they scrape.
+same flags, the SGLang image pinned to a release; the ServiceMonitors (a CRD the schemas lack, so an
+optional component, in no render by itself) select a Service with the port they scrape once included.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ import pytest
 
 from emulator.config import parse_args
 from proxy.config.settings import load_settings
-from tests.deploy.manifests import caching_flags, env_file, kustomize, launch_argv, one
+from tests.deploy.manifests import DEPLOY, caching_flags, env_file, kustomize, launch_argv, one
 
 RENDERS = ("base", "overlays/gpu", "overlays/cpu")
 K8S_VERSIONS = ("1.30.0", "1.37.0")
@@ -156,8 +158,35 @@ def test_the_cpu_overlay_runs_the_emulator_with_the_same_caching_flags() -> None
 
 
 @pytest.mark.parametrize("path", RENDERS)
-def test_service_monitors_select_what_they_scrape(path: str) -> None:
-    docs = render(path)
+def test_no_render_needs_the_prometheus_operator(path: str) -> None:
+    """The ServiceMonitor CRD is not in a plain cluster: the base and overlays apply without it."""
+    assert not [d for d in render(path) if d["apiVersion"].startswith("monitoring.coreos.com/")]
+
+
+@pytest.mark.parametrize("path", ["base", "overlays/gpu"])
+def test_the_sglang_image_is_pinned_to_a_release(path: str) -> None:
+    (container,) = pod(render(path), "StatefulSet", "sglang")["spec"]["containers"]
+    name, _, tag = container["image"].partition(":")
+    assert name == "lmsysorg/sglang" and re.fullmatch(r"v\d+\.\d+\.\d+(\.post\d+)?(-cu\d+)?", tag), tag
+
+
+def with_monitors(path: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """``path`` with the optional component added, as an overlay of one's own would add it."""
+    here = tmp_path / "monitored"
+    here.mkdir()
+    overlay, component = (  # kustomize takes relative paths only
+        os.path.relpath(DEPLOY / "k8s" / p, here) for p in (path, "components/prometheus-operator")
+    )
+    (here / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: monitored\n"
+        f"resources: [{overlay}]\ncomponents: [{component}]\n"
+    )
+    return kustomize(str(here))
+
+
+@pytest.mark.parametrize("path", RENDERS)
+def test_service_monitors_select_what_they_scrape(path: str, tmp_path: Path) -> None:
+    docs = with_monitors(path, tmp_path)
     monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
     assert {m["metadata"]["name"] for m in monitors} == {"kvroute-gateway", "sglang"}
     services = [d for d in docs if d["kind"] == "Service"]
@@ -168,5 +197,6 @@ def test_service_monitors_select_what_they_scrape(path: str) -> None:
             s for s in services if selects(spec["selector"]["matchLabels"], s["metadata"].get("labels", {}))
         ]
         assert len(matched) == 1, m["metadata"]["name"]
+        assert m["metadata"]["namespace"] == matched[0]["metadata"]["namespace"] == "monitored"
         names = {p["name"] for p in matched[0]["spec"]["ports"]}
         assert all(e["port"] in names and e["path"] == "/metrics" for e in spec["endpoints"])

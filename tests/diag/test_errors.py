@@ -85,7 +85,7 @@ def test_bad_arguments(argv: list[str], message: str) -> None:
 
 async def test_a_context_larger_than_the_replica_takes(emulator_server: Emulators) -> None:
     emu = await emulator_server("--max-total-tokens", "30000", "--emu-time-scale", "0.01")
-    code, _, err = await asyncio.to_thread(run, probe.main, emu.url, "--quiet")
+    code, _, err = await asyncio.to_thread(run, probe.main, emu.url, "--quiet", "--context-tokens", "40000")
     assert code == 1 and "--context-tokens 40,000 exceeds" in err and "max_req_input_len 29,999" in err
     code, _, err = await asyncio.to_thread(run, ab.main, emu.url, "--quiet")
     assert code == 1 and "exceeds max_req_input_len 29,999" in err

@@ -38,6 +38,7 @@ HYBRID_WRITE_THROUGH = (
 )  # fmt: skip
 SEED_S = (15.4, 0.4, 0.1)  # seed 1, write_back: cold, after eviction, again
 R = 40_000
+R_FLAG = ("--context-tokens", str(R))  # seed 1's R, given: by default R is half the GPU pool (24,000 here)
 
 
 def scale(s: float) -> tuple[str, str]:
@@ -87,7 +88,7 @@ async def test_write_back_verdict_and_progress_through_the_cli(
     emulator_server: Emulators, tmp_path: Path
 ) -> None:
     emu = await emulator_server(*POOLS, *WRITE_BACK, *scale(0.05))
-    code, out, err = await run_cli(emu.url, "--seed", "3", "--plot", str(tmp_path / "probe.png"))
+    code, out, err = await run_cli(emu.url, "--seed", "3", *R_FLAG, "--plot", str(tmp_path / "probe.png"))
     assert code == 0, err
     assert (tmp_path / "probe.png").read_bytes().startswith(b"\x89PNG")
     assert "verdict: host reuse works" in out
@@ -100,7 +101,7 @@ async def test_write_back_verdict_and_progress_through_the_cli(
 
 async def test_write_through_on_a_hybrid_model_is_broken(emulator_server: Emulators) -> None:
     emu = await emulator_server(*POOLS, *HYBRID_WRITE_THROUGH, *scale(0.05))
-    code, out, err = await run_cli(emu.url, "--json", "--quiet")
+    code, out, err = await run_cli(emu.url, "--json", "--quiet", *R_FLAG)
     assert code == 0 and err == ""
     doc = orjson.loads(out)
     assert doc["verdict"]["outcome"] == "host reuse broken"
@@ -114,9 +115,24 @@ async def test_write_through_on_a_hybrid_model_is_broken(emulator_server: Emulat
 
 async def test_hicache_off(emulator_server: Emulators) -> None:
     emu = await emulator_server(*POOLS, *scale(0.05))
-    code, out, _ = await run_cli(emu.url, "--json", "--quiet", "--seed", "5")
+    code, out, _ = await run_cli(emu.url, "--json", "--quiet", "--seed", "5", *R_FLAG)
     doc = orjson.loads(out)
     assert code == 0 and doc["verdict"]["outcome"] == "HiCache off"
     assert doc["plan"]["high"] is None and doc["plan"]["target_tokens"] == 52_800  # 1.1 x GPU pool
     assert doc["steps"]["after_eviction"]["cached_tokens"] == 0
     assert doc["seed"] == 5 and doc["prompts_as_token_ids"] is True
+
+
+async def test_without_context_tokens_r_is_sized_to_the_pools(emulator_server: Emulators) -> None:
+    """A 16K-token GPU pool: seed 1's 40K R cannot fit, so R is half the pool (said in the report and
+    on stderr); an explicit --context-tokens is honoured, and refused when it cannot fit."""
+    small = ("--max-total-tokens", "16000", "--page-size", "1", "--enable-metrics")
+    emu = await emulator_server(*small, *WRITE_BACK, *scale(0.05))
+    code, out, err = await run_cli(emu.url, "--seed", "4")
+    note = "R sized to 8,000 tokens, half the smallest GPU pool (16,000 tokens)"
+    assert code == 0 and note in out and note in err, err
+    assert "R: 8,000 tokens sent" in out and "verdict: host reuse works" in out
+    code, _, err = await run_cli(emu.url, "--quiet", "--context-tokens", "12000")
+    assert code == 0 and "sized" not in err
+    code, _, err = await run_cli(emu.url, "--quiet", "--context-tokens", "40000")
+    assert code == 1 and "--context-tokens 40,000 exceeds" in err and "max_req_input_len 15,999" in err

@@ -103,7 +103,9 @@ def test_render_survives_a_partial_document() -> None:
     doc: dict[str, Any] = {"policy": "cost", "replicas": [{"id": "http://r1", "healthy": False}]}
     text = render(doc, "http://gw")
     assert "http://r1  unhealthy  ?  HiCache off  not scraped yet" in text
-    assert "  gpu      model –" in text and "  ttft     no streamed requests yet" in text
+    assert "  gpu      model –" in text and "  ttft     no requests yet" in text
+    unstreamed = render({**doc, "replicas": [{"id": "http://r1", "requests_recent": 3}]}, "http://gw")
+    assert "  ttft     no TTFT in its last 3 requests (only streamed answers have one)" in unstreamed
     assert "http://r1: out of the pool" in text and "none yet" in text
 
 
@@ -112,3 +114,22 @@ def test_bars_and_sparklines() -> None:
     assert bar(1.7) == f"[{'#' * BAR_CELLS}] 170%"  # the cells stop at full, the figure does not
     assert bar(None) == "–"
     assert sparkline([1.0, 2.0, 3.0, 1.0]) == "▁▅█▁" and sparkline([]) == ""
+
+
+def test_the_warm_up_section_is_a_table() -> None:
+    doc: dict[str, Any] = {"policy": "cost", "replicas": []}
+    docs = [
+        {"job": "j1", "tenant": None, "document": "handbook.md", "tokens": 13762, "status": "warm"}
+        | {"replicas": "http://r1 warm"},
+        {"job": "j1", "tenant": "acme", "document": "faq.txt", "tokens": 812, "status": "warming"}
+        | {"replicas": "http://r1 warm, http://r2 warming"},
+    ]
+    doc["warmup"] = {"jobs": 1, "steps": 9, "preempted_steps": 2, "documents": docs}
+    section = render(doc, "http://gw").split("\nwarm-up")[1]
+    lines = section.splitlines()
+    assert lines[0] == "  1 jobs · 2 documents (1 warm, 1 warming) · 14,574 tokens · 9 steps, 2 preempted"
+    assert lines[1].split() == ["document", "tenant", "tokens", "status", "replicas"]
+    assert lines[2].split() == ["handbook.md", "-", "13,762", "warm", "http://r1", "warm"]
+    assert lines[3].index("812") == lines[2].index("13,762") and "{" not in section
+    many = {**doc["warmup"], "documents": docs * 15}
+    assert render({**doc, "warmup": many}, "http://gw").endswith("… and 10 more documents")

@@ -68,3 +68,12 @@ def test_an_unreachable_gateway_is_one_line(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "a.txt").write_text("x")
     assert main([str(tmp_path / "a.txt"), "--gateway", "http://127.0.0.1:9"]) == 1
     assert capsys.readouterr().err.startswith("kvroute warm: cannot connect")
+
+
+def test_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "``" not in text and "kvroute warm docs/*.md --gateway" in text  # no RST; an example
+    assert "system  the document is the system message" in text and ".jsonl" in text
+    assert max(len(line) for line in text.splitlines()) <= 110

@@ -1,5 +1,6 @@
 """``kvroute serve`` as a subprocess of an async test (its replicas may run in the test's own loop, so
-nothing here blocks): started with flags, its ready line read, stopped by PID at the end."""
+nothing here blocks): started with flags, its ready line read (unless ``ready=False``: the test reads
+``proc.stdout`` itself), stopped by PID at the end."""
 
 from __future__ import annotations
 
@@ -25,12 +26,15 @@ class GatewayProcess:
 
 
 @contextlib.asynccontextmanager
-async def gateway_process(log: Path, *flags: str) -> AsyncIterator[GatewayProcess]:
+async def gateway_process(log: Path, *flags: str, ready: bool = True) -> AsyncIterator[GatewayProcess]:
     argv = [sys.executable, "-m", "proxy.cli", "serve", "--port", "0", "--log-level", "info", *flags]
     with log.open("wb") as err:
         proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=err)
     try:
         assert proc.stdout is not None
+        if not ready:
+            yield GatewayProcess(proc, "", log)
+            return
         line = (await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)).decode().strip()
         assert line.startswith("kvroute ready "), line  # else: see the log
         yield GatewayProcess(proc, line.split()[2], log)  # kvroute ready URL TIMESTAMP

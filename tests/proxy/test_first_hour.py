@@ -5,18 +5,24 @@ the access log."""
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import socket
 import subprocess
 import sys
+from functools import partial
+from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
 
 from proxy.config.settings import SettingsError, load_settings
+from proxy.front import operations
+from proxy.runtime.ready_line import announce
 from tests.conftest import Emulators, StartGateway, wait_for
 from tests.proxy.conftest import EMU_FLAGS, MODEL, StackFactory
+from tests.proxy.gateway_proc import gateway_process
 
 JSON = {"Content-Type": "application/json"}
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "a secret prompt"}], "max_tokens": 3}
@@ -39,6 +45,18 @@ def test_backends_are_comma_or_space_separated_and_repeatable() -> None:
         "http://a:1",
     ]
     assert load_settings(argv, env={}).backends == ("http://a:1", "http://b:2", "http://c:3", "http://d:4")
+    several = [
+        "--backend",
+        "http://a:1",
+        "http://b:2",
+        "--port",
+        "9000",
+        "--backend",
+        "http://c:3,http://d:4",
+    ]
+    settings = load_settings(several, env={})  # several after one flag, as sglang-router's --worker-urls
+    assert settings.backends == ("http://a:1", "http://b:2", "http://c:3", "http://d:4")
+    assert settings.port == 9000
     env = {"KVROUTE_BACKEND": "http://e:5 http://f:6"}
     assert load_settings([], env=env).backends == ("http://e:5", "http://f:6")
     with pytest.raises(SettingsError, match="backend"):
@@ -57,7 +75,7 @@ async def test_an_unreachable_backend_is_logged_counted_and_not_ready_until_it_a
     caplog.set_level(logging.INFO, logger="kvroute.fleet")
     gw = await gateway([f"http://127.0.0.1:{port}"], health_interval=0.1)
     url = gw.url
-    down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    down = [r for r in caplog.records if r.name == "kvroute.fleet" and "unreachable" in r.getMessage()]
     assert len(down) == 1 and down[0].levelno == logging.WARNING and str(port) in down[0].getMessage()
     async with aiohttp.ClientSession() as s:
         async with s.get(url + "/ready") as r:
@@ -66,14 +84,75 @@ async def test_an_unreachable_backend_is_logged_counted_and_not_ready_until_it_a
             assert r.status == 200  # alive, just not ready
         async with s.get(url + "/metrics") as r:
             assert f'kvroute_replica_healthy{{replica="http://127.0.0.1:{port}"}} 0.0' in await r.text()
+        for path in ("/v1/chat/completions", "/v1/completions"):  # no replica answered: no model is known
+            async with s.post(url + path, data=orjson.dumps({**CHAT, "prompt": "hi"}), headers=JSON) as r:
+                err = (await r.json())["error"]
+                assert r.status == 503 and err["code"] == "no_replica_available" and err["param"] is None
+                assert (
+                    f"http://127.0.0.1:{port} (/health: unreachable (connection refused))" in err["message"]
+                )
+        async with s.get(url + "/v1/models/default") as r:
+            assert r.status == 503 and (await r.json())["error"]["code"] == "no_replica_available"
         await asyncio.sleep(0.5)  # five more failed checks: no new line (at most one a minute)
-        assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
+        assert (
+            len([r for r in caplog.records if r.name == "kvroute.fleet" and "unreachable" in r.getMessage()])
+            == 1
+        )
         await emulator_server(*EMU_FLAGS, "--served-model-name", MODEL, port=port)
         await wait_for(lambda: any("healthy again" in r.getMessage() for r in caplog.records))
         async with s.get(url + "/ready") as r:
             assert r.status == 200
         async with s.get(url + "/metrics") as r:
             assert f'kvroute_replica_healthy{{replica="http://127.0.0.1:{port}"}} 1.0' in await r.text()
+
+
+# ---- the ready line -----------------------------------------------------------------------------------
+async def test_the_ready_line_waits_for_a_healthy_replica_and_says_what_it_waits_for(
+    emulator_server: Emulators, gateway: StartGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = _free_port()
+    caplog.set_level(logging.INFO, logger="kvroute.ready")
+    gw = await gateway([f"http://127.0.0.1:{port}"], health_interval=0.1)
+    out = io.StringIO()
+    task = asyncio.create_task(announce(gw.url, partial(operations.awaited, gw.app), out))
+    await wait_for(lambda: any("not ready" in r.getMessage() for r in caplog.records))
+    waiting = [r.getMessage() for r in caplog.records if r.name == "kvroute.ready"]
+    assert (
+        len(waiting) == 1
+        and f"http://127.0.0.1:{port} (/health: unreachable (connection refused))" in waiting[0]
+    )
+    assert out.getvalue() == "" and not task.done()  # /ready answers 503: no ready line
+    await emulator_server(*EMU_FLAGS, "--served-model-name", MODEL, port=port)
+    await asyncio.wait_for(task, 10)
+    assert out.getvalue().startswith(f"kvroute ready {gw.url} ")
+    assert (
+        len([r for r in caplog.records if r.name == "kvroute.ready" and "not ready" in r.getMessage()]) == 1
+    )
+
+
+async def test_kvroute_serve_prints_ready_only_once_a_replica_is_healthy(
+    emulator_server: Emulators, tmp_path: Path
+) -> None:
+    port = _free_port()
+    flags = ("--backend", f"http://127.0.0.1:{port}", "--health-interval", "0.1")
+    async with gateway_process(tmp_path / "gw.log", *flags, ready=False) as gw:
+        log_text = (tmp_path / "gw.log").read_text
+        await wait_for(lambda: "is not ready: waiting for a healthy replica" in log_text(), 20)
+        assert f"http://127.0.0.1:{port} (/health: unreachable (connection refused))" in log_text()
+        await emulator_server(*EMU_FLAGS, "--served-model-name", MODEL, port=port)
+        assert gw.proc.stdout is not None
+        line = (await asyncio.wait_for(gw.proc.stdout.readline(), 20)).decode()
+        assert line.startswith("kvroute ready http://127.0.0.1:")
+
+
+async def test_kvroute_serve_without_replicas_is_ready_to_be_given_some(tmp_path: Path) -> None:
+    """--admin-key alone: nothing to wait for, so the line comes once it listens; /ready stays 503."""
+    async with (
+        gateway_process(tmp_path / "gw.log", "--admin-key", "k") as gw,
+        aiohttp.ClientSession() as s,
+        s.get(gw.url + "/ready") as r,
+    ):
+        assert r.status == 503 and (await r.json())["replicas"] == 0
 
 
 # ---- model names ------------------------------------------------------------------------------------

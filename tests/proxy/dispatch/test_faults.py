@@ -14,8 +14,9 @@ import orjson
 import pytest
 
 from proxy.upstream.breaker import BreakerState
-from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, Stack, StackFactory, wait_for
+from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, Stack, StackFactory, post, wait_for
 
+JSON = {"Content-Type": "application/json"}
 FAST = {  # deadlines for a fleet whose modelled time runs 100x faster
     "first_byte_timeout": 0.3,
     "first_byte_timeout_margin": 0.1,
@@ -188,3 +189,36 @@ async def test_a_request_the_replica_lost_while_it_works_is_moved_on(
     assert waited < 2.5, waited  # not until the long answer ended
     assert f'kvroute_retries_total{{replica="{emu.url}"}} 1' in stack.metrics()
     assert len(await emu.generations()) == 6  # the long one, the lost one and its retry, three later ones
+
+
+async def test_a_clients_bad_request_gets_openais_shape_and_blames_no_replica(
+    stack_factory: StackFactory,
+) -> None:
+    """SGLang answers a bad request 400 in its flat shape (``{"object": "error", ...}``): the client gets
+    OpenAI's ``{"error": {message, type, param, code}}``. Many 400s, a 503 retried onto a replica that
+    answers 400 (the request's fault, so the 503 may be too), and requests the gateway refused itself
+    open no breaker and count no failure."""
+    stack = await stack_factory(n=2, breaker_failures=1, breaker_cooldown=60.0)
+    for r in stack.replicas:
+        await r.fault(action="fail", status=400, count=10)
+    for i in range(20):
+        body = orjson.dumps(chat(f"bad {i}", stream=i % 2 == 1))  # a stream's 400 is a JSON body too
+        status, raw, headers = await post(stack.url, "/v1/chat/completions", body, JSON)
+        err = orjson.loads(raw)["error"]
+        assert status == 400 and headers["x-kvroute-replica"] in stack.urls
+        assert set(err) == {"message", "type", "param", "code"}
+        assert (
+            err["type"] == "invalid_request_error"
+            and err["code"] == 400
+            and "Emulated fault" in err["message"]
+        )
+    sick, strict = stack.replicas
+    await sick.fault(action="fail", status=503, count=1)
+    await strict.fault(action="fail", status=400, count=2)
+    assert [(await ask(stack.url, chat(f"q{i}")))[0] for i in range(2)] == [400, 400]
+    async with aiohttp.ClientSession() as s:
+        for _ in range(5):  # refused by the gateway: no replica sees them
+            async with s.post(stack.url + "/v1/chat/completions", data=b"{") as r:
+                assert r.status == 400
+    assert [breaker(stack, url) for url in stack.urls] == [BreakerState.CLOSED] * 2
+    assert all(r.breaker.failures == 0 and r.healthy for r in stack.gw.fleet.replicas())

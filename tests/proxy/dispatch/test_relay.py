@@ -137,7 +137,7 @@ async def test_client_error_from_replica_is_relayed_not_retried(stack: Stack) ->
     for r in stack.replicas:
         await r.fault(action="fail", status=400)
     status, body, _ = await post(stack.url, "/v1/chat/completions", orjson.dumps(CHAT), JSON)
-    err = orjson.loads(body)
+    err = orjson.loads(body)["error"]  # SGLang's flat error, in OpenAI's shape
     assert status == 400 and err["message"] == "Emulated fault." and err["code"] == 400
     assert len(await stack.generations()) == 1
 
@@ -147,7 +147,7 @@ async def test_retries_are_bounded(stack_factory: StackFactory) -> None:
     for r in stack.replicas:
         await r.fault(action="fail", status=503)
     status, body, _ = await post(stack.url, "/v1/chat/completions", orjson.dumps(CHAT), JSON)
-    err = orjson.loads(body)
+    err = orjson.loads(body)["error"]
     assert status == 503 and err["message"] == "Emulated fault." and err["code"] == 503  # the last answer
     assert [e["status"] for e in await stack.generations()] == [503, 503]
 

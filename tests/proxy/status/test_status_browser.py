@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.conftest import Emulators, StartGateway
@@ -59,9 +60,8 @@ async def test_status_page_in_chromium(emulator_server: Emulators, gateway: Star
             rows = await _rows(page)
             assert set(rows) == {hicache.url, plain.url}
             assert all("healthy" in text for text in rows.values())
-            assert all(
-                "last bytes" in text for text in rows.values()
-            )  # both streamed (proxy/upstream/liveness.py)
+            loads = [await c.get_attribute("title") for c in await page.locator("td.load").all()]
+            assert len(loads) == 2 and all("last bytes" in t for t in loads)  # both streamed (liveness.py)
             assert "HiCache write_back" in rows[hicache.url] and "HiCache off" in rows[plain.url]
             assert "no /metrics" in rows[plain.url] and "scraped" in rows[hicache.url]
             assert all("cache model learned: the replica publishes no KV events" in t for t in rows.values())
@@ -120,5 +120,68 @@ async def test_a_protected_status_page_asks_for_its_key(
             await page.wait_for_selector("#conn.live")
             await expect(page.locator("#keyform")).to_be_hidden()
             assert "1/1 replicas healthy" in await page.inner_text("header")
+        finally:
+            await browser.close()
+
+
+async def _lines(page: Any, selector: str) -> list[int]:
+    """Line boxes of the text of each element ``selector`` matches."""
+    script = """(els) => els.map((e) => { const r = document.createRange(); r.selectNodeContents(e);
+        return new Set([...r.getClientRects()].map((b) => Math.round(b.top))).size; })"""
+    return list(await page.locator(selector).evaluate_all(script))
+
+
+@pytest.mark.timeout(900)
+async def test_what_a_first_hour_reader_sees(emulator_server: Emulators, gateway: StartGateway) -> None:
+    """One line of load per replica; "No warnings." in plain grey; a TTFT cell that says why it has no
+    TTFT; the warmed documents one click from the top (the section collapsed to its count when long);
+    and a warning once the warmed documents exceed the replica's GPU pool."""
+    executable = chromium_or_skip()
+    from playwright.async_api import async_playwright, expect
+
+    emu = await emulator_server(*EMU_FLAGS, "--max-total-tokens", "8000")
+    gw = await gateway([emu.url], health_interval=0.1)
+    for i in range(2):
+        assert (await chat(gw.url, f"not streamed {i} " * 20, stream=False))[0] == 200
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=executable, args=ARGS, chromium_sandbox=False)
+        try:
+            page = await browser.new_page(viewport={"width": 1400, "height": 900})
+            await page.goto(gw.url + "/status")
+            await page.wait_for_selector("#conn.live")
+            assert await _lines(page, "td.load") == [1]
+            none = page.locator("#warnings li")
+            assert await none.inner_text() == "No warnings."
+            colour = await none.evaluate("(e) => getComputedStyle(e).color")
+            assert colour == "rgb(87, 96, 106)"  # --muted, not --warn (rgb(154, 103, 0))
+            ttft = await page.inner_text("td.ttft")
+            assert "no TTFT in its last 2 requests" in ttft and "no streamed requests" not in ttft
+            assert await page.locator("#warmlink").is_hidden()
+            docs = [
+                {"id": f"doc-{i}", "text": f"document {i} " + "words of a document " * 200} for i in range(12)
+            ]
+            async with aiohttp.ClientSession() as s:
+                body = {"documents": docs, "replicas": 1, "wait": True}
+                async with s.post(gw.url + "/v1/warmup", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    job = await r.json()
+            placed = sum(d["tokens"] for d in job["documents"])
+            assert placed > 8000
+            link = page.locator("#warmlink")
+            await expect(link).to_be_visible(timeout=5000)
+            assert (await link.inner_text()).startswith("warmed: 12 documents (12 warm)")
+            assert await page.locator("#warmup-details").evaluate("(e) => e.open") is False  # long: a count
+            assert await page.locator("#warmup td", has_text="doc-11").is_hidden()
+            await link.click()
+            assert await page.locator("#warmup-details").evaluate("(e) => e.open") is True
+            await expect(page.locator("#warmup td", has_text="doc-11")).to_be_visible()
+            top = await page.locator("#warmup-section").evaluate("(e) => e.getBoundingClientRect().top")
+            assert 0 <= top < 900  # scrolled to it
+            drawn = await page.inner_text("#conn")
+            await expect(page.locator("#conn")).not_to_have_text(drawn, timeout=5000)  # redrawn since
+            assert await page.locator("#warmup-details").evaluate("(e) => e.open") is True
+            warning = page.locator("#warnings li", has_text="exceeds its GPU pool")
+            await expect(warning).to_have_count(1, timeout=5000)
+            assert f"{emu.url}: the working set of" in await warning.inner_text()
         finally:
             await browser.close()

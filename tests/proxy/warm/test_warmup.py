@@ -12,7 +12,9 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.warm.api import WARMUPS
 from tests.proxy.conftest import ADMIN, EMU_FLAGS, MODEL, StackFactory, wait_for
+from tests.proxy.exact.test_exact_keys import DIR as BPE
 
 JSON = {"Content-Type": "application/json"}
 WORDS = [
@@ -65,7 +67,7 @@ async def ask(url: str, messages: list[dict[str, str]]) -> tuple[str, int]:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"documents": [{"text": "x"}]}, "model"),
+        ({"model": 5, "documents": [{"text": "x"}]}, "model"),
         ({"model": MODEL, "documents": []}, "documents"),
         ({"model": MODEL, "documents": [{"id": "a"}]}, "documents[0]"),
         ({"model": MODEL, "documents": [{"text": "x", "messages": []}]}, "documents[0]"),
@@ -101,6 +103,42 @@ async def test_keys_and_unknown_models_and_jobs(stack_factory: StackFactory) -> 
             assert r.status == 404
         async with s.delete(stack.url + "/v1/warmup/wu_nope", headers=ADMIN) as r:
             assert r.status == 404
+
+
+async def test_without_a_model_the_only_served_model_is_warmed(stack_factory: StackFactory) -> None:
+    one = await stack_factory(n=1)
+    status, job = await warm(one.url, {"documents": [{"id": "a", "text": document(1, 200)}], "wait": True})
+    assert status == 200 and job["documents"][0]["status"] == "warm"
+    two = await stack_factory(models=[MODEL, "other-model"])
+    status, doc = await warm(two.url, {"documents": [{"text": "x"}]})
+    err = doc["error"]
+    assert status == 400 and err["param"] == "model" and f"{MODEL}, other-model" in err["message"]
+    assert await two.generations() == []
+
+
+async def _replica_count(url: str, text: str) -> int:
+    """The prompt tokens the replica itself reports for ``text`` (a prefill-only /generate)."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": 0}}
+    async with aiohttp.ClientSession() as s, s.post(url + "/generate", json=body) as r:
+        return int((await r.json())["meta_info"]["prompt_tokens"])
+
+
+@pytest.mark.parametrize("exact", [False, True])
+async def test_a_documents_tokens_are_the_replicas_count(stack_factory: StackFactory, exact: bool) -> None:
+    """With ``--tokenizer-path`` the count is exact from the start; without, it is estimated with what
+    the router learned, and once warm it is what the replica reported (not 4 characters a token)."""
+    hf = ("--emu-tokenizer", "hf", "--model-path", str(BPE)) if exact else ()
+    stack = await stack_factory(n=1, emu_flags=hf, **({"tokenizer_path": str(BPE)} if exact else {}))
+    texts = [document(5, words=3000), document(7, words=3000)]  # as many bytes per token: 3.34
+    counts = [await _replica_count(stack.urls[0], t) for t in texts]
+    status, job = await warm(stack.url, {"model": MODEL, "documents": [{"id": "t", "text": texts[0]}]})
+    if exact:
+        assert status == 202 and job["documents"][0]["tokens"] == counts[0]  # before any step
+    await wait_for(lambda: stack.app[WARMUPS].jobs[job["id"]].settled(), 20)
+    async with aiohttp.ClientSession() as s, s.get(stack.url + f"/v1/warmup/{job['id']}", headers=ADMIN) as r:
+        assert (await r.json())["documents"][0]["tokens"] == counts[0]
+    status, job = await warm(stack.url, {"model": MODEL, "documents": [{"id": "u", "text": texts[1]}]})
+    assert status == 202 and abs(job["documents"][0]["tokens"] - counts[1]) <= 0.05 * counts[1]
 
 
 async def test_a_warmed_document_makes_the_first_question_a_hit_on_its_replica(
@@ -287,3 +325,26 @@ async def test_warmed_documents_show_in_status_and_metrics(stack_factory: StackF
     (row,) = section["documents"]
     assert (row["job"], row["document"], row["status"]) == (job["id"], "handbook", "warm")
     assert 'kvroute_warmup_documents{state="warm"} 1' in stack.metrics()
+
+
+async def test_warmed_documents_beyond_a_gpu_pool_are_a_status_warning(stack_factory: StackFactory) -> None:
+    """The working set of a replica's model (its warmed documents' tokens) against its GPU pool."""
+    stack = await stack_factory(n=1, emu_flags=("--max-total-tokens", "8000"))
+
+    async def warned() -> list[str]:
+        async with aiohttp.ClientSession() as s, s.get(stack.url + "/status", headers=ADMIN) as r:
+            doc = await r.json()
+        assert doc["warmup"]["tokens_per_replica"].get(stack.urls[0], 0) == sum(
+            d["tokens"] for j in jobs for d in j["documents"]
+        )
+        return [w for w in doc["warnings"] if "GPU pool" in w]
+
+    jobs = []
+    for i in range(2):  # 5,000 tokens each: the first fits the 8,000-token pool, both do not
+        body = {"model": MODEL, "documents": [{"id": f"d{i}", "text": document(i, 2500)}], "wait": True}
+        jobs.append((await warm(stack.url, body))[1])
+        if i == 0:
+            assert await warned() == []
+    (warning,) = await warned()
+    assert warning.startswith(f"{stack.urls[0]}: the working set of {MODEL} (")
+    assert "exceeds its GPU pool (8,000 tokens)" in warning

@@ -1,7 +1,7 @@
-"""Running the gateway process: the runner and serve loop, graceful drain, allocator tuning.
+"""Running the gateway process: the runner and serve loop, graceful drain, allocator tuning, ``--workers``.
 
 Here: ``serving`` (the runner, protocol errors in OpenAI's shape, TLS, the serve loop), ``drain``
-(SIGTERM: finish what is in flight), ``malloc``.
+(SIGTERM: finish what is in flight), ``malloc``, ``supervisor`` (N worker processes on one port).
 
 May import: ``context``.
 """

@@ -130,20 +130,29 @@ class Hub:
     def __init__(self, buckets: Buckets, answers: Answers | None = None) -> None:
         self.state, self.buckets, self.answers = HubState(), buckets, answers
         self._server: asyncio.AbstractServer | None = None
-        self.connections = 0
+        self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}  # the connections being served
 
     async def start(self, path: str) -> None:
         self._server = await asyncio.start_unix_server(self._serve, path=path)
 
+    @property
+    def connections(self) -> int:
+        return len(self._open)
+
     async def close(self) -> None:
+        """Stops listening and ends every connection (their handlers return)."""
         if self._server is not None:
             self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        for writer in self._open.values():
+            writer.close()
+        if self._open:
+            await asyncio.wait(list(self._open), timeout=2.0)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One worker connection: its calls, answered as they finish; its documents go with it."""
-        self.connections += 1
+        me = asyncio.current_task()
+        assert me is not None  # asyncio serves each connection in a task of its own
+        self._open[me] = writer
         published: set[str] = set()
         tasks: set[asyncio.Task[None]] = set()
         try:
@@ -158,7 +167,7 @@ class Hub:
             if not isinstance(e, asyncio.IncompleteReadError | ConnectionError):
                 log.warning("local channel: a worker broke the protocol (%s): connection closed", e)
         finally:
-            self.connections -= 1
+            self._open.pop(me, None)
             for task in tasks:
                 task.cancel()
             for g in published:

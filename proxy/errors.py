@@ -8,7 +8,7 @@ error ``type``; it renders as ``{"error": {"message", "type", "param", "code"}}`
     ├── InvalidRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 · MethodNotAllowed 405
     │   └── ModelNotFound 404
     ├── RequestTimeout 408 · PayloadTooLarge 413 · Overloaded 429 ── RateLimited 429
-    ├── NoReplicaAvailable 503 · Draining 503
+    ├── NoReplicaAvailable 503 · Draining 503 · LimitsUnavailable 503
     └── UpstreamError 502 ── UpstreamTimeout 504 · UpstreamUnavailable 502
 
 aiohttp's client exceptions become ``UpstreamError`` in exactly one place, ``proxy/upstream/client.py``.
@@ -144,6 +144,15 @@ class Draining(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "draining"
+
+
+class LimitsUnavailable(GatewayError):
+    """``--limits-when-store-down closed``: the shared rate limits cannot be checked
+    (``proxy/tenancy/shared_limits.py``)."""
+
+    status = 503
+    type = "service_unavailable"
+    code = "rate_limits_unavailable"
 
 
 class UpstreamError(GatewayError):

@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 from aiohttp import web
 
+from proxy import deployment
 from proxy.admin import control, preview, replicas
 from proxy.answers import cache as response_cache
 from proxy.config.settings import Settings, SettingsError, load_settings
@@ -37,6 +39,7 @@ from proxy.front.request_body import body_middleware
 from proxy.observe.metrics import GatewayMetrics
 from proxy.runtime.malloc import tune_malloc
 from proxy.runtime.serving import StartupError, serve, tls_context
+from proxy.runtime.supervisor import WORKER_ENV
 from proxy.status.observers import observe_ctx, observe_tokenizer
 from proxy.sync import state_sync
 from proxy.sync.kv_subscriber import kv_events_ctx
@@ -135,6 +138,7 @@ def build_app(settings: Settings) -> web.Application:
     r.add_route("*", "/v1/completions", handlers.generation(Route.COMPLETIONS))
     r.add_route("*", "/generate", handlers.generation(Route.GENERATE, ("POST", "PUT")))
     state_sync.add_to(app)
+    deployment.share(app)
     operations.add_routes(app)
     warm_api.add_routes(app)
     r.add_route("*", "/v1/{tail:.*}", passthrough.passthrough)
@@ -153,9 +157,10 @@ def _install_uvloop() -> None:
 
 
 def main(argv: list[str]) -> int:
+    worker = WORKER_ENV in os.environ
     try:
         settings = load_settings(argv)
-        app = build_app(settings)
+        app = build_app(settings) if worker or settings.workers == 1 else None
     except (SettingsError, ValueError) as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 2
@@ -167,12 +172,15 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    who = f"[worker {os.environ[WORKER_ENV]}]" if worker else ""
     logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s"
     )
     log.info("settings: %s", json.dumps(settings.redacted(), default=str))
     if not settings.backends and not settings.discover:
         log.warning("no --backend given: add replicas with POST /admin/replicas (the admin key)")
+    if app is None:
+        return deployment.supervise(settings, argv)
     _install_uvloop()
     tune_malloc()
     try:
@@ -184,7 +192,7 @@ def main(argv: list[str]) -> int:
         st = settings
         awaited = partial(operations.awaited, app)
         return asyncio.run(
-            serve(app, st.host, st.port, st.drain_timeout, tls, st.client_idle_timeout, awaited)
+            serve(app, st.host, st.port, st.drain_timeout, tls, st.client_idle_timeout, awaited, worker)
         )
     except StartupError as e:
         print(f"kvroute serve: {e}", file=sys.stderr)

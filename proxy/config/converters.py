@@ -162,6 +162,8 @@ CONVERTERS: dict[str, Callable[[object], Any]] = {
     "access_log": _bool,
     "state": _str,
     "state_namespace": _str,
+    "workers": _int(1, 256),
+    "limits_when_store_down": _choice(("open", "closed")),
     "discover": _targets,
     "discover_interval": _float(0.0),
     "discover_drain_timeout": _float(0.0),

@@ -116,6 +116,19 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ),
     ("--state-namespace", "NAME", "key namespace in the state store: the gateways of one fleet share it"),
     (
+        "--workers",
+        "N",
+        "gateway processes serving the one port (SO_REUSEPORT), under a supervisor; they share routing "
+        "state, rate limits and a memory response cache through --state, or without it through the "
+        "supervisor's local channel",
+    ),
+    (
+        "--limits-when-store-down",
+        "open|closed",
+        "while the store of shared rate limits (--state, or the local channel of --workers) does not "
+        "answer: open admits on each process's own limits, closed refuses limited keys with 503",
+    ),
+    (
         "--response-cache",
         "off|memory|URL",
         "exact-response cache of deterministic requests: off, memory, or redis://HOST:PORT/DB",

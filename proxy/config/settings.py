@@ -72,6 +72,8 @@ class Settings:
     access_log: bool = False  # one line per request (never prompt text)
     state: str | None = None  # shared state store: a redis:// URL (or memory); None = this gateway alone
     state_namespace: str = "kvroute"  # key namespace in the store: gateways of one fleet share it
+    workers: int = 1  # gateway processes on the one port (proxy/runtime/supervisor.py)
+    limits_when_store_down: str = "open"  # open | closed: shared rate limits while their store is down
     discover: tuple[str, ...] = ()  # DNS targets whose records are replicas (proxy/fleet/discovery.py)
     discover_interval: float = 5.0  # seconds between resolutions
     discover_drain_timeout: float = 300.0  # a replica gone from DNS is removed when idle, or after this

@@ -49,7 +49,7 @@ def generation(route: Route, methods: tuple[str, ...] = ("POST",)) -> Handler:
         st = gw.settings
         parsed = parse_request(route, raw, request.headers.get(st.session_header), st.session_field)
         check_limits(parsed, raw, st)
-        parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
+        parsed, raw, charge = await admit(request, gw.limiter, gw.resolve_model(parsed), raw)
         try:
             parsed = await gw.exact(parsed)
             cache = request.app.get(RESPONSE_CACHE)

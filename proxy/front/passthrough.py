@@ -55,7 +55,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     if not parsed.body:
         raise InvalidRequest(f"{request.path} takes a JSON object body")
     check_limits(parsed, raw, st)
-    parsed, raw, charge = admit(request, gw.limiter, gw.resolve_model(parsed), raw)
+    parsed, raw, charge = await admit(request, gw.limiter, gw.resolve_model(parsed), raw)
     try:
         return await forward(request, gw, raw, parsed, gw.route(parsed))
     finally:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import ssl
+import sys
 from typing import Any
 
 import orjson
@@ -107,21 +109,27 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     idle_timeout: float = 75.0,
     awaited: Awaited | None = None,
+    worker: bool = False,
 ) -> int:
     """Serves until SIGINT/SIGTERM, drains; the exit status. Raises StartupError when it cannot listen.
     A connection idle for ``idle_timeout`` seconds (no request yet, or headers that never end) is
-    closed. The ready line is printed once ``awaited()`` is None (at once without it)."""
+    closed. The ready line is printed once ``awaited()`` is None (at once without it). A ``worker`` of
+    ``--workers`` (``proxy/runtime/supervisor.py``) listens with ``SO_REUSEPORT`` beside its siblings
+    and drains when its supervisor goes (its stdin ends)."""
     run = runner(app, shutdown_timeout=SHUTDOWN_TIMEOUT_S, keepalive_timeout=idle_timeout)
     await run.setup()
+    orphaned: asyncio.Task[None] | None = None
     try:
         signals = Signals()
         try:
-            await web.TCPSite(run, host, port, ssl_context=ssl_context).start()
+            await web.TCPSite(run, host, port, ssl_context=ssl_context, reuse_port=worker or None).start()
         except OSError as e:
             raise StartupError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
         scheme = "https" if ssl_context is not None else "http"
         bound = run.addresses[0][1] if port == 0 and run.addresses else port  # port 0: the one given
         ready = asyncio.ensure_future(announce(f"{scheme}://{host}:{bound}", awaited or _nothing))
+        if worker:
+            orphaned = asyncio.get_running_loop().create_task(_stdin_ends(signals))
         try:
             await signals.next()
         finally:
@@ -130,8 +138,24 @@ async def serve(
                 await ready
         return await drain(app, signals, drain_timeout_s)
     finally:
+        if orphaned is not None:
+            orphaned.cancel()
         await run.cleanup()
 
 
 def _nothing() -> None:
     """Nothing awaited: the ready line is printed once the gateway listens."""
+
+
+async def _stdin_ends(signals: Signals) -> None:
+    """A SIGTERM of its own when stdin ends: a worker's supervisor is gone (even killed), so it drains."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        while await reader.read(65536):
+            pass
+        log.warning("the supervisor is gone: draining")
+        signals.received.put_nowait(signal.SIGTERM)
+    finally:
+        transport.close()

@@ -22,6 +22,8 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
+from proxy.sync.local_store import LocalStore
+from proxy.sync.local_wire import SCHEME
 from proxy.sync.state_store import (
     GATEWAY_TTL_S,
     LOG_MAX,
@@ -151,10 +153,13 @@ def _text(value: bytes | str) -> str:
 
 
 def store_from_url(url: str, namespace: str) -> StateStore:
-    """``memory`` or a Redis URL (see the module docstring); ValueError for anything else."""
+    """``memory``, a Redis URL (see the module docstring) or the ``--workers`` supervisor's local channel
+    (``kvroute+unix://``, ``proxy/sync/local_wire.py``); ValueError for anything else."""
     if url == "memory":
         return MemoryStore()
     scheme = urlsplit(url).scheme
+    if scheme == SCHEME:
+        return LocalStore(url)
     if scheme not in ("redis", "rediss", "redis+cluster", "redis+sentinel", "unix"):
         raise ValueError(f"expected memory or a redis:// URL, got {url!r}")
     return RedisStore(url, namespace)

@@ -106,7 +106,11 @@ def _event(e: Event) -> list[Any]:
 
 
 def decode(raw: bytes) -> Batch:
-    doc = orjson.loads(raw)
+    return batch_of(orjson.loads(raw))
+
+
+def batch_of(doc: Any) -> Batch:
+    """A batch from its decoded JSON (``encode``'s)."""
     events: list[Event] = []
     for e in doc["e"]:
         if e[0] == "r":

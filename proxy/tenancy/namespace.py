@@ -108,7 +108,7 @@ def scoped_session(parsed: ParsedRequest, key: ApiKey) -> ParsedRequest:
     return dataclasses.replace(parsed, routing=routing)
 
 
-def admit(
+async def admit(
     request: web.Request, limiter: RateLimiter, parsed: ParsedRequest, raw: bytes
 ) -> tuple[ParsedRequest, bytes, Charge | None]:
     """Isolates the request in its key's tenant, scopes its session to the key's client and charges the
@@ -119,5 +119,5 @@ def admit(
         return parsed, raw, None
     parsed = scoped_session(parsed, key)
     estimated = estimate_tokens(len(raw), parsed.routing.max_new_tokens)
-    limiter.admit(key, estimated)
+    await limiter.charge(key, estimated)
     return parsed, raw, Charge(limiter, key, estimated)

@@ -9,7 +9,9 @@ Tokens are charged up front on an estimate (prompt bytes / ``BYTES_PER_TOKEN`` +
 settled when the answer is over with the usage the replica reported (prompt + completion tokens): the
 bucket is credited or debited by the difference, and may go below zero (the next requests wait longer).
 A request refused for its tokens is not charged a request, and the reverse. Nothing here does I/O;
-time is ``time.monotonic`` unless given.
+time is ``time.monotonic`` unless given. These buckets are this process's own; with a state store the
+limits hold per deployment instead (``proxy/tenancy/shared_limits.py``), and these buckets are its
+fallback while the store is down.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ class RateLimiter:
             reqs.level -= 1
         if toks is not None:
             toks.level -= tokens
+
+    async def charge(self, key: ApiKey, tokens: int) -> None:
+        """``admit``, awaited by the request path: a limiter shared between gateways
+        (``proxy/tenancy/shared_limits.py``) may ask its store first."""
+        self.admit(key, tokens)
 
     def settle(self, key: ApiKey, estimated: int, actual: int | None) -> None:
         """Corrects a request's token charge with what it really used (None: unknown, kept)."""

@@ -79,10 +79,10 @@ def tenant_for(who: WarmCaller, gw: Gateway, body: dict[str, Any]) -> str:
     return asked or ""
 
 
-def charge(who: WarmCaller, gw: Gateway, size_bytes: int) -> None:
+async def charge(who: WarmCaller, gw: Gateway, size_bytes: int) -> None:
     """One request and the documents' estimated tokens against the client key's limits (429)."""
     if who.key is not None:
-        gw.limiter.admit(who.key, estimate_tokens(size_bytes, 0))
+        await gw.limiter.charge(who.key, estimate_tokens(size_bytes, 0))
 
 
 def check_quota(gw: Gateway, held: int, job: Job, owner: str) -> None:

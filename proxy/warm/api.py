@@ -99,7 +99,7 @@ async def create(request: web.Request) -> web.Response:
         body = {**body, "model": _only_model(gw)}
     tenant = warm_access.tenant_for(who, gw, body)
     req = parse_warmup(body, tenant)
-    warm_access.charge(who, gw, len(raw))
+    await warm_access.charge(who, gw, len(raw))
     probe = ParsedRequest(Route.CHAT, req.model, False, None, PromptRequest(req.model, None))
     model = gw.resolve_model(probe).model or req.model
     owner = who.owner_for(tenant)

@@ -12,6 +12,7 @@ bar marks the issue's target where there is one (for ``kept``: 0.8x sglang-route
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _bars(ax: Axes, rows: Sequence[Row], groups: Sequence[Group], ylabel: str) -
             bound = _goal(rows, (case, conc, figure)) if target == KVROUTE else math.nan
             if not math.isnan(bound):
                 ax.plot([x - width / 2, x + width / 2], [bound, bound], "r-", linewidth=2)
-    names = [f"{case}\nc={conc} {SHORT[figure]}" for case, conc, figure in groups]
+    names = [f"{textwrap.fill(case, 16)}\nc={conc} {SHORT[figure]}" for case, conc, figure in groups]
     ax.set_xticks(range(len(groups)), names, fontsize=7)
     ax.set_ylabel(ylabel)
     ax.axhline(0, color="grey", linewidth=0.5)

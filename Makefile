@@ -38,7 +38,7 @@ bench-matrix: $(STAMP)
 	$(BIN)/kvroute bench --matrix
 
 bench-overhead: $(STAMP)
-	$(BIN)/python -m bench.overhead
+	$(BIN)/kvroute bench overhead
 
 soak: $(STAMP)
 	$(BIN)/python -m bench.labs.soak --minutes 10

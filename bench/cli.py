@@ -5,6 +5,7 @@
     kvroute bench rag hot --load 0.3,0.9 --profile h200 --seeds 1,2 --systems kvroute-cost,oracle
     kvroute bench rag --quick         # small and fast; writes under a temporary directory
     kvroute bench sim --scenarios 10  # the fleet simulator in virtual time (bench/sim/cli.py)
+    kvroute bench overhead            # the gateway's own cost vs direct and sglang-router (bench/overhead)
 
 For each point, workload, seed and system: build the workload (seeded) and rescale its arrivals to the
 point's offered load (bench/workloads/load.py), start N fresh emulated replicas on the point's profile
@@ -133,6 +134,10 @@ def main(argv: list[str]) -> int:
         from bench.sim.cli import main as sim_main
 
         return sim_main(argv[1:])
+    if argv[:1] == ["overhead"]:
+        from bench.overhead.__main__ import main as overhead_main
+
+        return overhead_main(argv[1:], prog="kvroute bench overhead")
     signal.signal(signal.SIGTERM, interrupt)
     try:
         cfg = parse(argv)

@@ -1,9 +1,17 @@
-"""The request overhead: scenarios sent to each target in turns, and the latency each adds over a direct call.
+"""One whole run of the request overhead: a fresh zero-latency replica, the targets in front, every case.
 
-``run_scenario`` lets the targets (``direct``, ``kvroute``, ``sglang-router``, optionally
-``kvroute+state``) take turns in slices of every scenario, so machine noise hits all alike; ``Result``
-holds one target's percentiles and rate, ``table`` the markdown with each target's added latency over
-``direct``.
+``bench(args, index)`` starts one emulated replica (``--emu-time-scale 1e-6``) and the targets: the
+replica itself (``direct``), ``kvroute serve`` with its default policy ``cost`` (``kvroute``) and with
+``--policy round_robin`` (``kvroute-rr``, unless ``--no-round-robin``), optionally with ``--state``
+through a Redis of its own (``kvroute+state``), and ``sglang-router`` with its default policy
+``cache_aware``; ``--kvroute-args`` go on every kvroute command line. After a warm-up, ``run_case`` lets
+the targets take turns in ``rounds`` slices of each case, in an order rotated by the slice and the run,
+so machine noise hits all alike. Every slice is timed (end-to-end latency until the last byte, time to
+first byte, wall time) and the target's process tree's CPU time is read around it
+(``cpu.tree_cpu_s``; for ``direct``, the replica's). A case's slices share a wall-clock budget
+(``--case-seconds``): a slice may use what is left over the rounds left (so a slow target gets the time
+the fast ones did not need) and starts no request after that. ``Result`` is one target's figures in one
+case of one run. ``bench.gateways`` calls ``bench`` too (one run, ``--state --no-router``).
 """
 
 from __future__ import annotations
@@ -12,30 +20,24 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import orjson
 
+from bench.overhead.cases import Body, Case, cases
+from bench.overhead.cpu import tree_cpu_s
 from bench.systems import registry as systems
 from bench.systems.fleet import EmulatorFleet
 from bench.systems.procs import ManagedProcess, served_model
 from bench.systems.redis_proc import redis_server
 
-RUN_TIME_CAP_S = 30.0
 JSON_HEADERS = {"Content-Type": "application/json"}
-
-
-@dataclass(frozen=True, slots=True)
-class Scenario:
-    name: str
-    body: bytes
-    concurrency: int
-    count: int
+EMULATOR_ARGS = ("--emu-time-scale", "1e-6", "--max-running-requests", "256")
+NAN = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,41 +52,22 @@ class Result:
     ttfb_p50_ms: float
     ttfb_p99_ms: float
     rps: float
+    cpu_ms: float = NAN  # CPU ms per request of the target's process tree (direct: the replica's)
 
 
-def scenarios(model: str, high: int, scale: float) -> list[Scenario]:
-    def chat(content: str, stream: bool) -> bytes:
-        body = {
-            "model": model,
-            "messages": [{"role": "user", "content": content}],
-            "stream": stream,
-            "max_tokens": 64 if stream else 8,
-            "ignore_eos": True,
-        }
-        return orjson.dumps(body)
-
-    small, stream, big = (
-        chat("Say hi.", False),
-        chat("Count to 64.", True),
-        chat("lorem ipsum " * 8_500, True),
-    )
-
-    def n(k: int) -> int:
-        return max(10, int(k * scale))
-
-    return [
-        Scenario("chat small", small, 1, n(300)),
-        Scenario("chat small", small, high, n(1500)),
-        Scenario("stream 64 chunks", stream, 1, n(200)),
-        Scenario("stream 64 chunks", stream, high, n(800)),
-        Scenario("stream, 100 KB body", big, 1, n(100)),
-    ]
+@dataclass
+class Samples:
+    latency: list[float] = field(default_factory=list)
+    ttfb: list[float] = field(default_factory=list)
+    errors: int = 0
+    wall: float = 0.0
+    cpu_s: float = 0.0
 
 
 def pct_ms(xs: Sequence[float], q: float) -> float:
     """The q-quantile (0-1, nearest rank) of seconds ``xs``, in milliseconds (NaN when empty)."""
     s = sorted(xs)
-    return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000 if s else float("nan")
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))] * 1000 if s else NAN
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, float, bool]:
@@ -97,26 +80,21 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: bytes) -> tup
         return ttfb, time.perf_counter() - t0, r.status == 200
 
 
-@dataclass
-class Samples:
-    latency: list[float]
-    ttfb: list[float]
-    errors: int = 0
-    wall: float = 0.0
-
-
-async def run(base: str, body: bytes, concurrency: int, count: int, into: Samples) -> None:
-    """``count`` requests with ``concurrency`` workers on one keep-alive session; appends to ``into``."""
-    url = base + "/v1/chat/completions"
-    queue = iter(range(count))
-    deadline = time.perf_counter() + RUN_TIME_CAP_S
+async def run(
+    base: str, body: Body, concurrency: int, count: int, into: Samples, cap_s: float = 30.0
+) -> None:
+    """``count`` requests with ``concurrency`` workers on one keep-alive session, none started after
+    ``cap_s`` seconds; appends to ``into``."""
+    url, queue = base + "/v1/chat/completions", iter(range(count))
+    deadline = time.perf_counter() + cap_s
 
     async def worker(session: aiohttp.ClientSession) -> None:
         for _ in queue:
             if time.perf_counter() > deadline:
                 return
+            payload = body()
             try:
-                first, total, ok = await send_one(session, url, body)
+                first, total, ok = await send_one(session, url, payload)
             except aiohttp.ClientError:
                 into.errors += 1
                 continue
@@ -130,100 +108,72 @@ async def run(base: str, body: bytes, concurrency: int, count: int, into: Sample
         into.wall += time.perf_counter() - t0
 
 
-async def run_scenario(bases: dict[str, str], sc: Scenario, rounds: int) -> list[Result]:
-    """Targets take turns in ``rounds`` slices (rotating order), so machine noise hits all alike."""
-    samples = {name: Samples([], []) for name in bases}
-    names = list(bases)
-    for i in range(rounds):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            await run(bases[name], sc.body, sc.concurrency, max(1, sc.count // rounds), samples[name])
-    return [
-        Result(
-            name,
-            sc.name,
-            sc.concurrency,
-            len(x.latency),
-            x.errors,
-            pct_ms(x.latency, 0.5),
-            pct_ms(x.latency, 0.99),
-            pct_ms(x.ttfb, 0.5),
-            pct_ms(x.ttfb, 0.99),
-            len(x.latency) / x.wall if x.wall else 0.0,
-        )
-        for name, x in samples.items()
-    ]
+def result(name: str, case: Case, x: Samples) -> Result:
+    n = len(x.latency)
+    lat = (pct_ms(x.latency, 0.5), pct_ms(x.latency, 0.99), pct_ms(x.ttfb, 0.5), pct_ms(x.ttfb, 0.99))
+    rps = n / x.wall if x.wall else 0.0
+    return Result(name, case.name, case.concurrency, n, x.errors, *lat, rps, x.cpu_s * 1000 / n if n else NAN)
+
+
+async def run_case(
+    bases: dict[str, str], pids: dict[str, int], case: Case, rounds: int, turn: int, budget_s: float
+) -> list[Result]:
+    """Targets take turns in ``rounds`` slices (order rotated by slice and ``turn``) within ``budget_s``."""
+    samples = {name: Samples() for name in bases}
+    names, per = list(bases), max(1, case.count // rounds)
+    end = time.perf_counter() + budget_s
+    for r in range(rounds):
+        k = (turn + r) % len(names)
+        for name in names[k:] + names[:k]:
+            cap = max(0.0, end - time.perf_counter()) / (rounds - r)
+            before = tree_cpu_s(pids[name])
+            await run(bases[name], case.body, case.concurrency, per, samples[name], cap)
+            samples[name].cpu_s += tree_cpu_s(pids[name]) - before
+    return [result(name, case, x) for name, x in samples.items()]
 
 
 def targets(
-    backend: str, with_router: bool, logs: Path, state: str | None = None
+    backend: str, args: argparse.Namespace, logs: Path, state: str | None
 ) -> list[tuple[str, ManagedProcess]]:
-    """kvroute (and sglang-router) in front of `backend`, both with policy round_robin, from the same
-    command templates as the fleet benchmark (bench/systems/registry.py); with `state`, also kvroute sharing
-    its routing state through that Redis (`kvroute+state`, issue 13's sync-overhead target)."""
-    names = {"kvroute-round_robin": "kvroute", "sglang-round_robin": "sglang-router"}
-    chosen = systems.select(list(names) if with_router else ["kvroute-round_robin"])
-    out = [(names[s.name], systems.system_process(s, [backend], logs / f"{s.name}.log")) for s in chosen]
+    """The routers in front of ``backend``, from bench/systems/registry.py's command templates."""
+    extra = list(args.kvroute_args)
+    chosen = [("kvroute", systems.kvroute("cost", *extra))]
+    if not args.no_round_robin:
+        chosen.append(("kvroute-rr", systems.kvroute("round_robin", *extra)))
     if state is not None:
-        synced = dataclasses.replace(systems.kvroute("round_robin", "--state", state), name="kvroute-state")
-        out.insert(
-            1, ("kvroute+state", systems.system_process(synced, [backend], logs / "kvroute-state.log"))
-        )
-    return out
+        synced = systems.kvroute("cost", *extra, "--state", state)
+        chosen.append(("kvroute+state", dataclasses.replace(synced, name="kvroute-state")))
+    if not args.no_router:
+        (router,) = systems.select(["sglang-cache_aware"])
+        chosen.append(("sglang-router", router))
+    return [(name, systems.system_process(s, [backend], logs / f"{s.name}.log")) for name, s in chosen]
 
 
-def table(results: list[Result]) -> str:
-    direct = {(r.scenario, r.concurrency): r for r in results if r.target == "direct"}
-    lines = [
-        "| scenario | conc | target | n | err | p50 ms | p99 ms | added p50 ms | added p99 ms "
-        "| TTFB p99 ms | req/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        d = direct[(r.scenario, r.concurrency)]
-        added = (
-            (f"{r.p50_ms - d.p50_ms:+.2f}", f"{r.p99_ms - d.p99_ms:+.2f}")
-            if r.target != "direct"
-            else ("", "")
-        )
-        lines.append(
-            f"| {r.scenario} | {r.concurrency} | {r.target} | {r.requests} | {r.errors} | {r.p50_ms:.2f} | "
-            f"{r.p99_ms:.2f} | {added[0]} | {added[1]} | {r.ttfb_p99_ms:.2f} | {r.rps:.0f} |"
-        )
-    return "\n".join(lines)
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
-async def bench(args: argparse.Namespace) -> list[Result]:
-    # the default model path (the emulator's shipped tokenizer dir): sglang-router loads its tokenizer
-    emu_args = ["--emu-time-scale", "1e-6", "--max-running-requests", "256"]
+async def bench(args: argparse.Namespace, index: int = 0) -> list[Result]:
+    """One whole run (see the module docstring); ``index`` rotates the targets' order."""
     logs = args.out / "logs"
-    async with EmulatorFleet(1, emu_args, logs / "emulator.log") as fleet, contextlib.AsyncExitStack() as up:
+    async with (
+        EmulatorFleet(1, EMULATOR_ARGS, logs / "emulator.log") as fleet,
+        contextlib.AsyncExitStack() as up,
+    ):
         model = await served_model(fleet.urls[0]) or "default"
-        bases = {"direct": fleet.urls[0]}
+        bases, pids = {"direct": fleet.urls[0]}, {"direct": fleet.pid or 0}
         state = up.enter_context(redis_server()) if args.state else None
-        for name, proc in targets(fleet.urls[0], not args.no_router, logs, state):
-            bases[name] = (await up.enter_async_context(proc)).urls[0]
-        plan = scenarios(model, args.concurrency, args.scale)
-        for base in bases.values():  # warm-up: connections, the emulator's cache
-            for sc in plan:
-                await run(base, sc.body, 2, 10, Samples([], []))
+        for name, proc in targets(fleet.urls[0], args, logs, state):
+            bases[name], pids[name] = (await up.enter_async_context(proc)).urls[0], proc.pid or 0
+        plan = cases(model, args.concurrency, args.wide, args.scale)
+        for base in bases.values():  # warm-up: connections (as many as each case opens), caches
+            for case in plan:
+                await run(base, case.body, case.concurrency, max(8, 2 * case.concurrency), Samples())
         results: list[Result] = []
-        for sc in plan:
-            for r in await run_scenario(bases, sc, args.rounds):
+        for case in plan:
+            for r in await run_case(bases, pids, case, args.rounds, index, args.case_seconds):
                 results.append(r)
-                print(
-                    f"  {sc.name:<20} c={sc.concurrency:<3} {r.target:<14} p50 {r.p50_ms:7.2f} ms  "
-                    f"p99 {r.p99_ms:7.2f} ms  {r.rps:7.0f} req/s",
-                    flush=True,
-                )
+                say(f"  {case.name:<28} c={case.concurrency:<3} {r.target:<14} n {r.requests:5}  "
+                    f"p50 {r.p50_ms:7.2f} ms  p99 {r.p99_ms:7.2f} ms  {r.rps:6.0f} req/s  "
+                    f"CPU {r.cpu_ms:5.2f} ms/req")  # fmt: skip
         return results
-
-
-def write_requests(out: Path, meta: dict[str, object], results: list[Result]) -> str:
-    md = table(results)
-    (out / "overhead.json").write_text(
-        json.dumps({"meta": meta, "results": [asdict(r) for r in results]}, indent=2)
-    )
-    (out / "overhead.md").write_text(
-        f"# Gateway overhead\n\n`{meta['command']}` ({meta['cores']} cores, {meta['wall_s']} s)\n\n{md}\n"
-    )
-    return md

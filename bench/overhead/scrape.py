@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -12,7 +13,8 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench.overhead.requests import Samples, pct_ms, run, scenarios, send_one
+from bench.overhead.cases import chat
+from bench.overhead.requests import Samples, pct_ms, run, send_one
 from bench.systems import registry as systems
 from bench.systems.fleet import EmulatorFleet
 from bench.systems.procs import served_model
@@ -87,8 +89,9 @@ async def scrape(scrapes: int, logs: Path) -> ScrapeResult:
             base = proc.urls[0]
             model = await served_model(fleet.urls[0]) or "default"
             prompt = {"model": model, "prompt": "Count to 64.", "max_tokens": 8, "stream": True}
-            for sc in scenarios(model, 4, 1.0)[:3]:  # whole and streamed chat, on every replica
-                await run(base, sc.body, 4, 4 * SCRAPE_REPLICAS, Samples([], []))
+            small, stream = chat(model, "Say hi.", False, 8), chat(model, "Count to 64.", True, 64)
+            for body in (small, small, stream):  # whole and streamed chat, on every replica
+                await run(base, functools.partial(bytes, body), 4, 4 * SCRAPE_REPLICAS, Samples())
             for _ in range(4 * SCRAPE_REPLICAS):
                 await send_one(session, base + "/v1/completions", orjson.dumps(prompt))
             await _scraped_all(session, base, SCRAPE_REPLICAS)

@@ -45,7 +45,7 @@ def tenant_salt(tenant: str) -> str:
 
 
 def _salted_fields(parsed: ParsedRequest) -> tuple[str, ...]:
-    if parsed.route in (Route.CHAT, Route.COMPLETIONS):
+    if parsed.route in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
         return ("cache_salt",)
     if parsed.route is Route.GENERATE:
         return ("extra_key",)

@@ -168,15 +168,16 @@ async def _history(
     return [], [], None
 
 
-def _routed(request: web.Request, gw: Gateway, body: JSONObject, size: int) -> ParsedRequest:
-    """Routing's request for the body a replica gets; its model resolved, its limits checked."""
+def _routed(request: web.Request, gw: Gateway, body: JSONObject, size: int) -> tuple[ParsedRequest, bytes]:
+    """Routing's request for the body a replica gets (its model resolved, its limits checked), and the
+    body's bytes."""
     st = gw.settings
     session = request.headers.get(st.session_header)
     parsed = gw.resolve_model(parsed_request(body, size, session, st.session_field))
     body["model"] = parsed.model
-    parsed = dataclasses.replace(parsed, body=body)
-    check_limits(parsed, orjson.dumps(body), st)
-    return parsed
+    parsed, raw = dataclasses.replace(parsed, body=body), orjson.dumps(body)
+    check_limits(parsed, raw, st)
+    return parsed, raw
 
 
 async def _exact(gw: Gateway, parsed: ParsedRequest) -> ParsedRequest:
@@ -220,8 +221,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     history, chain, conv = await _history(state, owner, req)
     turn = _turn(state, owner, req, chain, conv.id if conv is not None else None)
     rid = turn.record.id
-    parsed = _routed(request, gw, upstream_body(req, history, rid, req.model), len(raw))
-    parsed, body, charge = admit(request, gw.limiter, parsed, orjson.dumps(parsed.body))
+    parsed, body = _routed(request, gw, upstream_body(req, history, rid, req.model), len(raw))
+    parsed, body, charge = admit(request, gw.limiter, parsed, body)
     try:
         parsed, ticket = await _start(gw, turn, parsed)
     except BaseException:
@@ -303,11 +304,18 @@ async def _background(
     nothing is written to it), then the final response stored."""
     try:
         turn.record.response["status"] = "in_progress"
-        await turn.state.put(turn.owner, turn.record)
+        await turn.begin()
         resp = await forward(request, gw, body, parsed, ticket)
         doc = _response_of(turn, resp)
         await (turn.finish(doc) if doc is not None else turn.failed(f"the replica answered {resp.status}"))
     except GatewayError as e:
         await turn.failed(e.message)
+    except asyncio.CancelledError:
+        if turn.state.closing:  # the gateway stops (a cancel has already said "cancelled")
+            await turn.failed("the gateway stopped before the response was complete")
+        raise
+    except Exception:
+        log.exception("background response %s failed", turn.record.id)
+        await turn.failed("the gateway failed to complete the response")
     finally:
         _settle(request, charge)

@@ -139,6 +139,7 @@ class ResponsesState:
         self.store = store
         self._prefix = "kvroute:{" + namespace + "}:responses:"
         self.tasks: dict[str, asyncio.Task[None]] = {}  # background responses running in this gateway
+        self.closing = False  # the gateway stops: its background responses end as failed
         self._locks: dict[str, asyncio.Lock] = {}
 
     def _key(self, owner: str, kind: str, ident: str) -> str:
@@ -210,6 +211,7 @@ class ResponsesState:
         return self._locks.setdefault(key, asyncio.Lock())
 
     async def close(self) -> None:
+        self.closing = True
         tasks = list(self.tasks.values())
         for task in tasks:
             task.cancel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
 import openai
 import orjson
 import pytest
@@ -14,7 +15,7 @@ from openai import AsyncOpenAI
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 
 from tests.conftest import Emulators, StartGateway
-from tests.proxy.conftest import EMU_FLAGS, MODEL, SYSTEM, Stack
+from tests.proxy.conftest import EMU_FLAGS, MODEL, SYSTEM, Stack, post
 from tests.proxy.recorder import Recorder
 from tests.proxy.responses.conftest import ASK, client
 
@@ -141,3 +142,15 @@ async def test_what_the_replica_receives(emulator_server: Emulators, gateway: St
     assert sent[1]["input"][1]["type"] == "message" and sent[1]["input"][1]["role"] == "assistant"
     assert sent[1]["input"][-1] == {"role": "user", "content": "go on"} and "instructions" not in sent[1]
     assert second.metadata == {"k": "v"} and second.previous_response_id == first.id
+
+
+async def test_http_details(stack: Stack) -> None:
+    """A body that is not JSON-typed is a 400 as on SGLang; a method a route does not take, a 405."""
+    body = orjson.dumps({"model": MODEL, "input": "hi"})
+    status, answer, _ = await post(stack.url, "/v1/responses", body, {"Content-Type": "text/plain"})
+    assert status == 400 and orjson.loads(answer)["error"]["code"] == "unsupported_content_type"
+    async with aiohttp.ClientSession() as s:
+        async with s.put(stack.url + "/v1/responses/resp_1", data=body) as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET, DELETE"
+        async with s.get(stack.url + "/v1/responses") as r:
+            assert r.status == 405

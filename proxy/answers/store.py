@@ -17,8 +17,9 @@ one call per ``retry_s`` probes Redis and every other call skips it at once. A `
 Responses state, ``proxy/responses/state.py``, for which a miss would be a wrong answer) raises
 ``StoreUnavailable`` instead of skipping; it may be given its own client (a cluster or a Sentinel master).
 
-Both also delete a key, read several at once (``get_many``) and renew entries' time to live (``touch``:
-the TTL counts again from now), for stores whose entries are linked (a chain of responses).
+Both also delete a key and read several at once (``get_many``), renewing the time to live of the keys
+named in ``renew`` (it counts again from now) in the same round trip: for stores whose entries are linked
+(a chain of responses, renewed whenever it is continued).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -59,9 +60,7 @@ class Store(Protocol):
 
     async def delete(self, key: str) -> bool: ...  # True when it was there
 
-    async def get_many(self, keys: list[str]) -> list[bytes | None]: ...
-
-    async def touch(self, keys: list[str]) -> None: ...
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]: ...
 
     async def close(self) -> None: ...
 
@@ -91,17 +90,16 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return found[1]
 
-    async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        return [await self.get(k) for k in keys]
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]:
+        found = [await self.get(k) for k in keys]
+        expires = self._clock() + self.ttl_s
+        for key in renew:
+            if await self.get(key) is not None:
+                self._entries[key] = (expires, self._entries[key][1])
+        return found
 
     async def delete(self, key: str) -> bool:
         return self._drop(key)
-
-    async def touch(self, keys: list[str]) -> None:
-        expires = self._clock() + self.ttl_s
-        for key in keys:
-            if await self.get(key) is not None:
-                self._entries[key] = (expires, self._entries[key][1])
 
     async def put(self, key: str, value: bytes) -> bool:
         if len(key) + len(value) > self.max_bytes:
@@ -173,19 +171,18 @@ class RedisStore:
     async def delete(self, key: str) -> bool:
         return bool(await self._call(lambda c: c.delete(key)))
 
-    async def get_many(self, keys: list[str]) -> list[bytes | None]:
-        found = await self._call(lambda c: c.mget(keys)) if keys else []
-        return [v if isinstance(v, bytes) else None for v in found or [None] * len(keys)]
-
-    async def touch(self, keys: list[str]) -> None:
-        async def renew(c: aioredis.Redis) -> None:
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]:
+        async def read(c: aioredis.Redis) -> Any:
             pipe = c.pipeline(transaction=False)
-            for key in keys:
+            if keys:
+                pipe.mget(keys)
+            for key in renew:
                 pipe.pexpire(key, self._ttl_ms)
-            await pipe.execute()
+            return await pipe.execute()
 
-        if keys:
-            await self._call(renew)
+        done = await self._call(read) if keys or renew else None
+        found = done[0] if done and keys else [None] * len(keys)
+        return [v if isinstance(v, bytes) else None for v in found]
 
     async def _call(self, op: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
         now = time.monotonic()

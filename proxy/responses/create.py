@@ -10,8 +10,9 @@ The data flow of a chat request (``proxy/front/handlers.py``), around the state 
    ``store: false``; ``request_id`` = the id) and what routing gets (a chat prompt);
 4. as for chat: input limits, the model resolved, the tenant's namespace and rate limits (``admit``),
    exact mode's token ids, the response cache (which never stores a Responses answer: ``bypass``);
-5. with ``store`` (the default), a record says ``in_progress`` (``queued`` in the background) from now on,
-   so GET and cancel find it mid-flight (a store that fails is logged: the turn goes on, unstored);
+5. a stored (``store``, the default) stream or background turn is recorded ``in_progress`` (``queued``)
+   from now on, so GET and cancel find it mid-flight; a whole answer is stored when it completes, as
+   SGLang does (a store that fails is logged: the turn goes on, unstored);
 6. ``forward``: attempts, retries and the relay as for chat; the stream's events and the whole body are
    patched back to what the client asked (``proxy/responses/echo.py``), and the final response is stored
    (and a conversation's new items linked) before the client sees its end. A replica's error answer
@@ -102,33 +103,41 @@ class Turn:
     req: CreateRequest
     echo: Echo
     record: Record
+    begun: bool = False  # its record is in the store since the start
+
+    @property
+    def watched(self) -> bool:
+        """Recorded from its start, for GET and cancel mid-flight: a stored stream or background turn
+        (a whole answer is stored when it completes, as SGLang does)."""
+        return self.req.store and (self.req.stream or self.req.background)
 
     async def begin(self) -> None:
-        """The record, from now on; a store that fails is logged and the turn goes on unstored (a
-        client that never chains loses nothing; one that does gets the store's 503 then)."""
-        if self.req.store:
-            try:
-                await self.state.put(self.owner, self.record)
-            except StateUnavailable as e:
-                log.warning("response %s will not be stored: %s", self.record.id, e.message)
+        """The record of a watched turn, from now on; a store that fails is logged and the turn goes on
+        unstored (a client that never chains loses nothing; one that does gets the store's 503 then)."""
+        if not self.watched:
+            return
+        try:
+            await self.state.put(self.owner, self.record)
+            self.begun = True
+        except StateUnavailable as e:
+            log.warning("response %s will not be stored: %s", self.record.id, e.message)
 
     async def finish(self, response: JSONObject, link: bool = True) -> None:
-        """The final response stored (unless deleted meanwhile; still ``cancelled`` if cancelled) and,
-        with ``link``, this turn's items added to its conversation. A store that fails is logged: the
-        client still gets its answer."""
+        """The final response stored (a begun record: unless deleted meanwhile, and still ``cancelled``
+        if cancelled) and, with ``link``, this turn's items added to its conversation. A store that
+        fails is logged: the client still gets its answer."""
         try:
             await self._finish(response, link)
         except StateUnavailable as e:
             log.warning("response %s was answered but not stored: %s", self.record.id, e.message)
 
     async def _finish(self, response: JSONObject, link: bool) -> None:
-        if self.req.store:
-            current = await self.state.get(self.owner, self.record.id)
-            if current is not None:
-                if current.status == "cancelled":
-                    response = {**response, "status": "cancelled"}
-                self.record.response = response
-                await self.state.put(self.owner, self.record)
+        current = await self.state.get(self.owner, self.record.id) if self.begun else self.record
+        if self.req.store and current is not None:
+            if current.status == "cancelled":
+                response = {**response, "status": "cancelled"}
+            self.record.response = response
+            await self.state.put(self.owner, self.record)
         if link and self.record.conversation_id is not None:
             await self._link(self.record.conversation_id, response)
 
@@ -148,7 +157,7 @@ class Turn:
 
     async def discard(self) -> None:
         """The record removed: the client got an error, not a response (a failing store is let be)."""
-        if self.req.store:
+        if self.begun:
             with contextlib.suppress(StateUnavailable):
                 await self.state.delete(self.owner, self.record.id)
 

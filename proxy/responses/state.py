@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import orjson
@@ -78,7 +78,7 @@ class Record:
         return [*self.input, *(output if isinstance(output, list) else [])]
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # a dataclass, serialized natively (asdict would deep-copy it)
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> Record | None:
@@ -105,7 +105,7 @@ class Conversation:
         }
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self))
+        return orjson.dumps(self)  # a dataclass, serialized natively (asdict would deep-copy it)
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> Conversation | None:
@@ -177,7 +177,8 @@ class ResponsesState:
         if len(last.ancestors) >= MAX_CHAIN:
             raise InvalidRequest(f"a chain holds at most {MAX_CHAIN} responses", param="previous_response_id")
         keys = [self._key(owner, "resp", a) for a in last.ancestors]
-        found = [Record.from_json(raw) for raw in await self._call(self.store.get_many(keys))]
+        renew = [*keys, self._key(owner, "resp", previous)]
+        found = [Record.from_json(raw) for raw in await self._call(self.store.get_many(keys, renew))]
         missing = [a for a, r in zip(last.ancestors, found, strict=True) if r is None]
         if missing:
             raise NotFound(
@@ -185,7 +186,6 @@ class ResponsesState:
                 param="previous_response_id",
                 code="previous_response_not_found",
             )
-        await self._call(self.store.touch([*keys, self._key(owner, "resp", previous)]))
         return [r for r in found if r is not None] + [last]
 
     async def conversation(self, owner: str, conversation_id: str) -> Conversation | None:

@@ -211,7 +211,7 @@ async def test_memory_store_deletes_reads_several_and_renews() -> None:
     assert await store.get_many(["a", "x", "c"]) == [b"a", None, b"c"]
     assert await store.delete("b") and not await store.delete("b")
     clock.now = 8.0
-    await store.touch(["a"])
+    assert await store.get_many([], renew=["a", "x"]) == []
     clock.now = 12.0
     assert await store.get_many(["a", "c"]) == [b"a", None]  # a was renewed, c expired
     assert store.bytes == 2
@@ -222,10 +222,14 @@ async def test_a_strict_redis_store_raises_when_redis_is_gone() -> None:
     server.start()
     try:
         store = RedisStore(server.url, ttl_s=10.0, max_bytes=100, strict=True)
-        await store.put("a", b"1")
-        assert await store.get_many(["a", "b"]) == [b"1", None]
-        await store.touch(["a", "b"])
-        assert 9000 < server.client().pttl("a") <= 10_000
+        await store.put(
+            "a",
+            b"1",
+        )
+        server.client().pexpire("a", 1000)
+        assert await store.get_many(["a", "b"], renew=["a", "b"]) == [b"1", None]
+        assert 9000 < server.client().pttl("a") <= 10_000  # renewed
+        assert await store.get_many([], renew=["a"]) == []
         assert await store.delete("a") and not await store.delete("a")
         server.stop()
         with pytest.raises(StoreUnavailable, match="unavailable"):

@@ -21,7 +21,8 @@ The data flow of a chat request (``proxy/front/handlers.py``), around the state 
 ``background: true`` (with ``store``) is the gateway's: the answer is the ``queued`` response at once, the
 turn runs in a task of this gateway (``in_progress``, then its final status; ``failed`` with a
 ``server_error`` when no replica answered), GET polls it and cancel stops it (the task is cancelled and
-the replica aborts the id). With ``stream: true`` too, the stream is relayed as usual.
+the replica aborts the id). The task counts as a request in progress until it ends: ``max_inflight``
+bounds them and a drain waits for them. With ``stream: true`` too, the stream is relayed as usual.
 """
 
 from __future__ import annotations
@@ -232,22 +233,33 @@ async def create(request: web.Request) -> web.StreamResponse:
     rid = turn.record.id
     parsed, body = _routed(request, gw, upstream_body(req, history, rid, req.model), len(raw))
     parsed, body, charge = admit(request, gw.limiter, parsed, body)
+    queued = turn.record.status == "queued"
+    if queued:  # in progress until its task ends: max_inflight bounds background turns, a drain waits
+        gw.admission.enter()
     try:
         parsed, ticket = await _start(gw, turn, parsed)
     except BaseException:
+        if queued:
+            gw.admission.leave()
         _settle(request, charge)
         raise
-    if turn.record.status == "queued":
+    if queued:
         task = asyncio.get_running_loop().create_task(
             _background(request, gw, turn, parsed, body, charge, ticket)
         )
         state.tasks[rid] = task
-        task.add_done_callback(lambda _: state.tasks.pop(rid, None))
+        task.add_done_callback(lambda _: _ended(state, gw, rid))
         return web.Response(body=orjson.dumps(turn.record.response), content_type="application/json")
     try:
         return await _relayed(request, gw, turn, parsed, body, ticket)
     finally:
         _settle(request, charge)
+
+
+def _ended(state: ResponsesState, gw: Gateway, rid: str) -> None:
+    """A background turn's task is over."""
+    state.tasks.pop(rid, None)
+    gw.admission.leave()
 
 
 def _settle(request: web.Request, charge: Charge | None) -> None:

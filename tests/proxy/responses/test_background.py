@@ -1,14 +1,17 @@
 """Background responses run by the gateway, and cancel: a ``queued`` answer at once, GET polls it to its
 end; an in-flight response (background or streamed) cancelled is ``cancelled`` and aborted on the
-replica (SGLang's ``/abort_request`` with the id); a finished one is returned as it is."""
+replica (SGLang's ``/abort_request`` with the id); a finished one is returned as it is; a background turn
+counts as a request in progress until it ends (``max_inflight``)."""
 
 from __future__ import annotations
 
+import openai
+import pytest
 from openai import AsyncOpenAI
 
 from proxy.responses.state import RESPONSES
-from tests.proxy.conftest import MODEL, Stack, wait_for
-from tests.proxy.responses.conftest import ASK
+from tests.proxy.conftest import MODEL, Stack, StackFactory, wait_for
+from tests.proxy.responses.conftest import ASK, client
 
 SLOW = 400.0  # every modelled duration x this: a long answer takes seconds
 
@@ -74,3 +77,15 @@ async def test_cancel_a_stream_in_flight(sdk: AsyncOpenAI, stack: Stack) -> None
     assert kinds[-1] == "response.failed"  # the replica aborted it and ended its stream
     assert await _aborted(stack, rid)
     assert await _status(sdk, rid) == "cancelled"
+
+
+async def test_background_turns_count_as_requests_in_progress(stack_factory: StackFactory) -> None:
+    stack = await stack_factory(n=1, max_inflight=2)
+    await _slow(stack)
+    async with client(stack.url) as sdk:
+        running = await sdk.responses.create(model=MODEL, input=ASK, background=True, max_output_tokens=4000)
+        with pytest.raises(openai.RateLimitError):  # its task and this request: the gateway is full
+            await sdk.responses.create(model=MODEL, input=ASK, background=True)
+        await sdk.responses.cancel(running.id)
+        await wait_for(lambda: stack.gw.admission.inflight == 0, timeout_s=10)
+        assert (await sdk.responses.create(model=MODEL, input=ASK, background=True)).status == "queued"

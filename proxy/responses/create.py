@@ -12,7 +12,7 @@ The data flow of a chat request (``proxy/front/handlers.py``), around the state 
    exact mode's token ids, the response cache (which never stores a Responses answer: ``bypass``);
 5. a stored (``store``, the default) stream or background turn is recorded ``in_progress`` (``queued``)
    from now on, so GET and cancel find it mid-flight; a whole answer is stored when it completes, as
-   SGLang does (a store that fails is logged: the turn goes on, unstored);
+   SGLang does (``proxy/responses/turn.py``; a store that fails is logged: the turn goes on, unstored);
 6. ``forward``: attempts, retries and the relay as for chat; the stream's events and the whole body are
    patched back to what the client asked (``proxy/responses/echo.py``), and the final response is stored
    (and a conversation's new items linked) before the client sees its end. A replica's error answer
@@ -28,11 +28,8 @@ bounds them and a drain waits for them. With ``stream: true`` too, the stream is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -47,120 +44,15 @@ from proxy.front.handlers import read_body
 from proxy.front.input_limits import check_limits
 from proxy.observe.access_log import access_of
 from proxy.responses.chat_view import chat_body
-from proxy.responses.echo import Echo, EchoTap
-from proxy.responses.items import listed, new_id
+from proxy.responses.echo import EchoTap
 from proxy.responses.request import CreateRequest, parse_create, parsed_request, upstream_body
-from proxy.responses.state import (
-    RESPONSES,
-    Conversation,
-    Record,
-    ResponsesState,
-    StateUnavailable,
-    conversation_not_found,
-    owner_of,
-)
+from proxy.responses.state import RESPONSES, Conversation, ResponsesState, conversation_not_found, owner_of
+from proxy.responses.turn import Turn, new_turn
 from proxy.tenancy.namespace import Charge, admit
 from proxy.types import JSONObject, ParsedRequest
 from routing.ledger import Ticket
 
 log = logging.getLogger("kvroute.responses")
-
-
-def pending(req: CreateRequest, rid: str, status: str) -> JSONObject:
-    """The response before a replica answered (``queued`` or ``in_progress``), as SGLang shapes it."""
-    b = req.body
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": int(time.time()),
-        "model": req.model,
-        "output": [],
-        "status": status,
-        "usage": None,
-        "background": req.background,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": b.get("instructions"),
-        "max_output_tokens": b.get("max_output_tokens"),
-        "metadata": b.get("metadata") or {},
-        "parallel_tool_calls": b.get("parallel_tool_calls") is not False,
-        "previous_response_id": req.previous_response_id,
-        "store": req.store,
-        "temperature": b.get("temperature"),
-        "tool_choice": b.get("tool_choice", "auto"),
-        "tools": b.get("tools") or [],
-        "top_p": b.get("top_p"),
-        "truncation": b.get("truncation", "disabled"),
-        "user": b.get("user"),
-    }
-
-
-@dataclass
-class Turn:
-    """One create's state: its record, written as the turn goes (module docstring, 5 and 6)."""
-
-    state: ResponsesState
-    owner: str
-    req: CreateRequest
-    echo: Echo
-    record: Record
-    begun: bool = False  # its record is in the store since the start
-
-    @property
-    def watched(self) -> bool:
-        """Recorded from its start, for GET and cancel mid-flight: a stored stream or background turn
-        (a whole answer is stored when it completes, as SGLang does)."""
-        return self.req.store and (self.req.stream or self.req.background)
-
-    async def begin(self) -> None:
-        """The record of a watched turn, from now on; a store that fails is logged and the turn goes on
-        unstored (a client that never chains loses nothing; one that does gets the store's 503 then)."""
-        if not self.watched:
-            return
-        try:
-            await self.state.put(self.owner, self.record)
-            self.begun = True
-        except StateUnavailable as e:
-            log.warning("response %s will not be stored: %s", self.record.id, e.message)
-
-    async def finish(self, response: JSONObject, link: bool = True) -> None:
-        """The final response stored (a begun record: unless deleted meanwhile, and still ``cancelled``
-        if cancelled) and, with ``link``, this turn's items added to its conversation. A store that
-        fails is logged: the client still gets its answer."""
-        try:
-            await self._finish(response, link)
-        except StateUnavailable as e:
-            log.warning("response %s was answered but not stored: %s", self.record.id, e.message)
-
-    async def _finish(self, response: JSONObject, link: bool) -> None:
-        current = await self.state.get(self.owner, self.record.id) if self.begun else self.record
-        if self.req.store and current is not None:
-            if current.status == "cancelled":
-                response = {**response, "status": "cancelled"}
-            self.record.response = response
-            await self.state.put(self.owner, self.record)
-        if link and self.record.conversation_id is not None:
-            await self._link(self.record.conversation_id, response)
-
-    async def _link(self, conversation_id: str, response: JSONObject) -> None:
-        async with self.state.lock(self.owner, conversation_id):
-            conv = await self.state.conversation(self.owner, conversation_id)
-            if conv is None:
-                return
-            output = response.get("output")
-            items = [*self.record.input, *(output if isinstance(output, list) else [])]
-            conv.items.extend(listed(item, self.record.id, n) for n, item in enumerate(items))
-            await self.state.put_conversation(self.owner, conv)
-
-    async def failed(self, message: str) -> None:
-        error = {"code": "server_error", "message": message}
-        await self.finish({**self.record.response, "status": "failed", "error": error}, link=False)
-
-    async def discard(self) -> None:
-        """The record removed: the client got an error, not a response (a failing store is let be)."""
-        if self.begun:
-            with contextlib.suppress(StateUnavailable):
-                await self.state.delete(self.owner, self.record.id)
 
 
 async def _history(
@@ -209,16 +101,6 @@ async def _start(gw: Gateway, turn: Turn, parsed: ParsedRequest) -> tuple[Parsed
         raise
 
 
-def _turn(state: ResponsesState, owner: str, req: CreateRequest, chain: list[str], conv: str | None) -> Turn:
-    rid = new_id("resp_")
-    echo = Echo(rid, req.model, req.previous_response_id, req.store, req.background, req.conversation)
-    status = "queued" if req.background and not req.stream else "in_progress"
-    record = Record(
-        rid, echo.patch(pending(req, rid, status)), req.input, req.previous_response_id, chain, conv
-    )
-    return Turn(state, owner, req, echo, record)
-
-
 async def create(request: web.Request) -> web.StreamResponse:
     access_of(request)
     if request.method != "POST":
@@ -229,7 +111,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request, gw.settings.max_body_bytes)
     req, owner = parse_create(raw), owner_of(request)
     history, chain, conv = await _history(state, owner, req)
-    turn = _turn(state, owner, req, chain, conv.id if conv is not None else None)
+    turn = new_turn(state, owner, req, chain, conv.id if conv is not None else None)
     rid = turn.record.id
     parsed, body = _routed(request, gw, upstream_body(req, history, rid, req.model), len(raw))
     parsed, body, charge = admit(request, gw.limiter, parsed, body)

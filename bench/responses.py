@@ -14,8 +14,8 @@ Method (one run, this machine, everything on loopback):
    (empty replicas, routers told):
    ``chat`` (the whole conversation in ``messages`` each turn), ``responses`` (``previous_response_id``,
    the gateways expand the chain), and ``responses, replica killed`` (not streamed: a stream cut by a
-   dead replica cannot be resumed): once half of its turns are answered, one replica's process gets
-   SIGKILL.
+   dead replica cannot be resumed): once half of its turns are answered, the process of the replica
+   that answered the last of them gets SIGKILL.
 4. Per phase: chains completed, failed turns, the share of follow-ups answered by the replica of the turn
    before (``x-kvroute-replica``; follow-ups answered after the kill whose turn before was the dead
    replica's are counted apart), cached tokens over input tokens (the replicas' own usage), turn latency
@@ -75,7 +75,7 @@ def summarize(phase: Phase, chains: int, turns_per_chain: int) -> Summary:
     complete = sum(
         all(by.get((c, k), Turn(c, k, False)).ok for k in range(turns_per_chain)) for c in range(chains)
     )
-    killed = phase.kill.fleet.urls[0] if phase.kill is not None else None
+    killed = phase.kill.victim if phase.kill is not None else None
     follow = stayed = moved = 0
     for t in phase.turns:
         before = by.get((t.chain, t.turn - 1))
@@ -176,7 +176,7 @@ async def bench(args: argparse.Namespace) -> list[Summary]:
         rows = []
         total = args.chains * args.turns
         plan: list[tuple[str, str, Kill | None]] = [("chat", "chat", None), ("responses", "responses", None)]
-        plan.append(("responses, replica killed", "responses", Kill(fleets[0], total // 2)))
+        plan.append(("responses, replica killed", "responses", Kill(fleets, total // 2)))
         for name, mode, kill in plan:
             await _flush(pool.urls)
             phase = Phase(name, mode, model, list(pool.urls), kill)
@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.responses", description=__doc__.split("\n")[0])
     p.add_argument("--chains", type=int, default=100, help="conversations per phase (default 100)")
     p.add_argument("--turns", type=int, default=5, help="turns per conversation (default 5)")
-    p.add_argument("--concurrency", type=int, default=20, help="conversations at once (default 20)")
+    p.add_argument("--concurrency", type=int, default=10, help="conversations at once (default 10)")
     p.add_argument("--instruction-tokens", type=int, default=600, help="instructions per chain (default 600)")
     p.add_argument("--question-tokens", type=int, default=60, help="each turn's question (default 60)")
     p.add_argument("--streamed", type=float, default=0.5, help="share of chains streamed (default 0.5)")

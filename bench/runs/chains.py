@@ -7,8 +7,8 @@ A ``Chain`` is one conversation: its instructions and one question per turn, str
 included); over Responses it sends the question with ``previous_response_id`` (the gateway keeps the
 chain). A turn records whether it was answered (a Responses status ``completed`` or ``incomplete``), the
 replica that answered it (``x-kvroute-replica``), the replica's usage (input and cached tokens) and its
-latency; a failed turn ends its chain. A ``Kill`` sends SIGKILL to one replica's process once a given
-number of turns were answered. A progress line counts the turns.
+latency; a failed turn ends its chain. A ``Kill`` sends SIGKILL, once a given number of turns were
+answered, to the process of the replica that answered the last of them. A progress line counts the turns.
 """
 
 from __future__ import annotations
@@ -55,18 +55,24 @@ class Turn:
 
 @dataclass
 class Kill:
-    """SIGKILL to one replica's process once ``at`` turns are answered."""
+    """SIGKILL, once ``at`` turns are answered, to the process of the replica that answered the last one
+    (so chains in flight lose their replica)."""
 
-    fleet: EmulatorFleet
+    fleets: list[EmulatorFleet]
     at: int
-    done: bool = False
+    victim: str = ""  # its URL, once killed
 
-    def due(self, answered: int) -> bool:
+    @property
+    def done(self) -> bool:
+        return bool(self.victim)
+
+    def due(self, answered: int, replica: str) -> bool:
         if self.done or answered < self.at:
             return False
-        self.done = True
-        if self.fleet.pid is not None:
-            os.kill(self.fleet.pid, signal.SIGKILL)
+        fleet = next((f for f in self.fleets if f.urls[0] == replica), self.fleets[0])
+        self.victim = fleet.urls[0]
+        if fleet.pid is not None:
+            os.kill(fleet.pid, signal.SIGKILL)
         return True
 
 
@@ -85,8 +91,8 @@ class Phase:
         turn.after_kill = self.killed
         self.turns.append(turn)
         answered = len(self.turns)
-        if self.kill is not None and self.kill.due(answered):
-            stage(f"{self.name}: replica {self.kill.fleet.urls[0]} killed after {answered} turns")
+        if self.kill is not None and self.kill.due(answered, turn.replica):
+            stage(f"{self.name}: replica {self.kill.victim} killed after {answered} turns")
         if self.progress is not None:
             self.progress.advance(error=not turn.ok)
 

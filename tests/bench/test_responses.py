@@ -34,7 +34,7 @@ def _turn(chain: int, turn: int, replica: str, after_kill: bool = False) -> Turn
 
 def test_follow_ups_forced_off_a_killed_replica_are_counted_apart() -> None:
     fleet = EmulatorFleet(1, (), ports=[1])  # never started: only its URL is read
-    phase = Phase("killed", "responses", MODEL, ["g"], Kill(fleet, at=10**6))
+    phase = Phase("killed", "responses", MODEL, ["g"], Kill([fleet], at=10**6, victim=fleet.urls[0]))
     dead = fleet.urls[0]
     phase.turns = [
         _turn(0, 0, dead),

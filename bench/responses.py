@@ -7,8 +7,10 @@ Method (one run, this machine, everything on loopback):
 2. Workload (seeded): ``--chains`` conversations of ``--turns`` turns; each has its own instructions
    (~``--instruction-tokens`` tokens) and a question per turn (~``--question-tokens``); answers are at
    most 48 tokens (chat ``max_tokens`` 46, the same budget); a share of the chains streams
-   (``--streamed``). ``--concurrency`` chains run at once, each turn after the one before; turn k of
-   chain c goes to gateway (c + k) mod 2, so every follow-up crosses to the other gateway.
+   (``--streamed``). ``--concurrency`` chains run at once, each turn ``--think-s`` (20 ms) after the
+   answer to the one before (a client's own time; at 0, chat follow-ups that reach the other gateway
+   within a few ms of the answer sometimes route before it has the first gateway's latest load, and
+   move); turn k of chain c goes to gateway (c + k) mod 2, so every follow-up crosses to the other one.
 3. A warm-up (``--warmup`` chains of other texts over chat, then over Responses, unmeasured: the gateways
    learn the replicas' rates), then the phases, each after ``POST /flush_cache`` through both gateways
    (empty replicas, routers told):
@@ -180,7 +182,7 @@ async def bench(args: argparse.Namespace) -> list[Summary]:
         for name, mode, kill in plan:
             await _flush(pool.urls)
             phase = Phase(name, mode, model, list(pool.urls), kill)
-            await run_phase(phase, chains, args.concurrency, args.phase_cap_s)
+            await run_phase(phase, chains, args.concurrency, args.phase_cap_s, args.think_s)
             rows.append(summarize(phase, args.chains, args.turns))
         return rows
 
@@ -195,6 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--streamed", type=float, default=0.5, help="share of chains streamed (default 0.5)")
     p.add_argument("--gpu-tokens", type=int, default=48_000, help="each replica's GPU pool (default 48000)")
     p.add_argument("--time-scale", type=float, default=0.05, help="emulated time x this (default 0.05)")
+    p.add_argument(
+        "--think-s",
+        type=float,
+        default=0.02,
+        help="seconds between an answer and the chain's next turn: the client's own time (default 0.02)",
+    )
     p.add_argument(
         "--phase-cap-s", type=float, default=600.0, help="no chain starts after this (default 600)"
     )
@@ -211,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "wall_s": round(time.monotonic() - t0, 1),
-        "command": "python -m bench.responses " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": " ".join(["python -m bench.responses", *(argv if argv is not None else sys.argv[1:])]),
     }
     doc = {"meta": meta, "phases": [asdict(r) | {"stayed_share": r.stayed_share} for r in rows]}
     (args.out / "responses.json").write_text(json.dumps(doc, indent=2))

@@ -2,12 +2,13 @@
 
 A ``Chain`` is one conversation: its instructions and one question per turn, streamed or not
 (``make_chains``, seeded). ``run_phase`` plays every chain of a ``Phase`` through its gateways,
-``concurrency`` chains at once, each turn after the one before: turn k of chain c goes to gateway
-(c + k) mod n. Over chat each turn sends the whole conversation in ``messages`` (the answers so far
-included); over Responses it sends the question with ``previous_response_id`` (the gateway keeps the
-chain). A turn records whether it was answered (a Responses status ``completed`` or ``incomplete``), the
-replica that answered it (``x-kvroute-replica``), the replica's usage (input and cached tokens) and its
-latency; a failed turn ends its chain. A ``Kill`` sends SIGKILL, once a given number of turns were
+``concurrency`` chains at once, each turn ``think_s`` after the answer to the one before (the client's
+own time: reading, a tool running): turn k of chain c goes to gateway (c + k) mod n. Over chat each turn
+sends the whole conversation in ``messages`` (the answers so far included); over Responses it sends the
+question with ``previous_response_id`` (the gateway keeps the chain). A turn records whether it was
+answered (a Responses status ``completed`` or ``incomplete``), the replica that answered it
+(``x-kvroute-replica``), the replica's usage (input and cached tokens) and its latency; a failed turn ends
+its chain. A ``Kill`` sends SIGKILL, once a given number of turns were
 answered, to the process of the replica that answered the last of them. A progress line counts the turns.
 """
 
@@ -213,8 +214,11 @@ async def _turn(
     return turn
 
 
-async def run_phase(phase: Phase, chains: Sequence[Chain], concurrency: int, cap_s: float) -> None:
-    """Every chain through the phase's gateways (module docstring); no chain starts after ``cap_s``."""
+async def run_phase(
+    phase: Phase, chains: Sequence[Chain], concurrency: int, cap_s: float, think_s: float = 0.0
+) -> None:
+    """Every chain through the phase's gateways (module docstring), a turn ``think_s`` after the answer
+    before it; no chain starts after ``cap_s``."""
     queue = list(reversed(chains))
     phase.progress = Progress(phase.name, sum(len(c.questions) for c in chains))
     deadline = time.monotonic() + cap_s
@@ -223,6 +227,8 @@ async def run_phase(phase: Phase, chains: Sequence[Chain], concurrency: int, cap
         while queue and time.monotonic() < deadline:
             chain, state = queue.pop(), dict[str, Any]()
             for k in range(len(chain.questions)):
+                if k and think_s:
+                    await asyncio.sleep(think_s)
                 turn = await _turn(http, phase, chain, k, state)
                 phase.record(turn)
                 if not turn.ok:

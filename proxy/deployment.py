@@ -83,7 +83,8 @@ def _hub(st: Settings) -> Hub:
         answers = MemoryStore(
             st.response_cache_ttl, st.response_cache_max_bytes, st.response_cache_max_entries
         )
-    return Hub(MemoryBuckets(), answers)
+    responses = MemoryStore(st.responses_ttl, st.responses_max_bytes, st.responses_max_entries)
+    return Hub(MemoryBuckets(), answers, responses)
 
 
 def _announce(url: str) -> None:

@@ -4,7 +4,8 @@
 per long-lived resource (the shared upstream ClientSession, the health poller, background tasks, and
 with ``--discover`` the DNS discovery task, its ``Discovery`` under ``DISCOVERY``; the KV-event
 subscriptions, ``proxy/sync/kv_subscriber.py``);
-routes for the OpenAI surface, SGLang's ``/generate``, pass-through of other ``/v1/*`` paths, the admin
+routes for the OpenAI surface (the Responses and Conversations APIs from ``proxy/responses``), SGLang's
+``/generate``, pass-through of other ``/v1/*`` paths, the admin
 API and the operational endpoints (``proxy/front/operations.py``); two middlewares, the errors one outside
 and ``proxy/front/gatekeeper.py`` (client API keys, admission) inside. Serve it with
 ``proxy.runtime.serving.runner`` (``main`` does, and the tests): handler cancellation, so a client that
@@ -37,6 +38,7 @@ from proxy.fleet.restarts import Restarts
 from proxy.front import gatekeeper, handlers, operations, passthrough, request_guard
 from proxy.front.request_body import body_middleware
 from proxy.observe.metrics import GatewayMetrics
+from proxy.responses import routes as responses
 from proxy.runtime.malloc import tune_malloc
 from proxy.runtime.serving import StartupError, serve, tls_context
 from proxy.runtime.supervisor import WORKER_ENV
@@ -141,6 +143,7 @@ def build_app(settings: Settings) -> web.Application:
     deployment.share(app)
     operations.add_routes(app)
     warm_api.add_routes(app)
+    responses.add_routes(app)  # the Responses and Conversations APIs, their state (proxy/responses)
     r.add_route("*", "/v1/{tail:.*}", passthrough.passthrough)
     replicas.add_routes(app)
     control.add_routes(app)

@@ -17,11 +17,13 @@ class Route(StrEnum):
     CHAT = "chat"
     COMPLETIONS = "completions"
     GENERATE = "generate"
+    RESPONSES = "responses"  # /v1/responses (proxy/responses)
     PASSTHROUGH = "passthrough"
 
 
 ROUTE_PATHS = {Route.CHAT: "/v1/chat/completions", Route.COMPLETIONS: "/v1/completions"}
 ROUTE_PATHS[Route.GENERATE] = "/generate"
+ROUTE_PATHS[Route.RESPONSES] = "/v1/responses"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,13 @@ until both bounds hold; an expired entry is dropped when it is read or reaches t
 own memory (its ``maxmemory`` and eviction policy). When a call fails (refused, timed out, any Redis
 error) the cache is skipped: a read is a miss and a write is dropped, never an error for the client.
 The first failure of an outage is logged once (a warning), and so is the recovery; while it is down
-one call per ``retry_s`` probes Redis and every other call skips it at once.
+one call per ``retry_s`` probes Redis and every other call skips it at once. A ``strict`` store (the
+Responses state, ``proxy/responses/state.py``, for which a miss would be a wrong answer) raises
+``StoreUnavailable`` instead of skipping; it may be given its own client (a cluster or a Sentinel master).
+
+Both also delete a key and read several at once (``get_many``), renewing the time to live of the keys
+named in ``renew`` (it counts again from now) in the same round trip: for stores whose entries are linked
+(a chain of responses, renewed whenever it is continued).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
@@ -37,6 +43,10 @@ REDIS_TIMEOUT_S = 0.25
 REDIS_RETRY_S = 1.0
 
 
+class StoreUnavailable(Exception):
+    """A strict store could not be reached (the message names where, never a key)."""
+
+
 def store_key(tenant: str, request: str) -> str:
     return f"kvroute:{tenant}:resp:{request}"
 
@@ -47,6 +57,10 @@ class Store(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
     async def put(self, key: str, value: bytes) -> bool: ...  # True when written
+
+    async def delete(self, key: str) -> bool: ...  # True when it was there
+
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]: ...
 
     async def close(self) -> None: ...
 
@@ -76,6 +90,17 @@ class MemoryStore:
         self._entries.move_to_end(key)
         return found[1]
 
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]:
+        found = [await self.get(k) for k in keys]
+        expires = self._clock() + self.ttl_s
+        for key in renew:
+            if await self.get(key) is not None:
+                self._entries[key] = (expires, self._entries[key][1])
+        return found
+
+    async def delete(self, key: str) -> bool:
+        return self._drop(key)
+
     async def put(self, key: str, value: bytes) -> bool:
         if len(key) + len(value) > self.max_bytes:
             return False
@@ -94,10 +119,11 @@ class MemoryStore:
                 return
             self._drop(key)
 
-    def _drop(self, key: str) -> None:
+    def _drop(self, key: str) -> bool:
         found = self._entries.pop(key, None)
         if found is not None:
             self.bytes -= len(key) + len(found[1])
+        return found is not None
 
     async def close(self) -> None:
         self._entries.clear()
@@ -105,7 +131,7 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Redis behind a breaker: a failure skips the cache, never fails the request."""
+    """Redis behind a breaker: a failure skips the cache, never fails the request (unless ``strict``)."""
 
     name = "redis"
 
@@ -116,6 +142,8 @@ class RedisStore:
         max_bytes: int,
         timeout_s: float = REDIS_TIMEOUT_S,
         retry_s: float = REDIS_RETRY_S,
+        client: Any = None,
+        strict: bool = False,
     ) -> None:
         self.where, self.max_bytes, self.timeout_s, self.retry_s = (
             redacted_url(url),
@@ -124,9 +152,10 @@ class RedisStore:
             retry_s,
         )
         self._ttl_ms = max(1, round(ttl_s * 1000))
-        self._client = aioredis.Redis.from_url(
+        self._client = client or aioredis.Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0)
         )
+        self.strict = strict
         self.down = False
         self._probe_at = 0.0
 
@@ -139,25 +168,48 @@ class RedisStore:
             return False
         return await self._call(lambda c: c.set(key, value, px=self._ttl_ms)) is True
 
+    async def delete(self, key: str) -> bool:
+        return bool(await self._call(lambda c: c.delete(key)))
+
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]:
+        async def read(c: aioredis.Redis) -> Any:
+            pipe = c.pipeline(transaction=False)
+            if keys:
+                pipe.mget(keys)
+            for key in renew:
+                pipe.pexpire(key, self._ttl_ms)
+            return await pipe.execute()
+
+        done = await self._call(read) if keys or renew else None
+        found = done[0] if done and keys else [None] * len(keys)
+        return [v if isinstance(v, bytes) else None for v in found]
+
     async def _call(self, op: Callable[[aioredis.Redis], Awaitable[Any]]) -> Any:
         now = time.monotonic()
         if self.down:
             if now < self._probe_at:
-                return None
+                return self._skipped(None)
             self._probe_at = now + self.retry_s  # this call probes; the others keep skipping
         try:
             result = await asyncio.wait_for(op(self._client), self.timeout_s)
         except (RedisError, OSError, TimeoutError) as e:
             if not self.down:
-                log.warning(
-                    "response cache: Redis at %s is unavailable (%s); serving uncached", self.where, e
-                )
+                log.warning("%s: Redis at %s is unavailable (%s)", self._what, self.where, e)
             self.down, self._probe_at = True, now + self.retry_s
-            return None
+            return self._skipped(e)
         if self.down:
-            log.warning("response cache: Redis at %s answers again; the cache is back", self.where)
+            log.warning("%s: Redis at %s answers again", self._what, self.where)
             self.down = False
         return result
+
+    @property
+    def _what(self) -> str:
+        return "responses state" if self.strict else "response cache (serving uncached meanwhile)"
+
+    def _skipped(self, error: Exception | None) -> None:
+        """A call that did not reach Redis: None (a miss, a dropped write), or raised when strict."""
+        if self.strict:
+            raise StoreUnavailable(f"the state store (Redis at {self.where}) is unavailable") from error
 
     async def close(self) -> None:
         await self._client.aclose()

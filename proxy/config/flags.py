@@ -143,6 +143,22 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
     ("--warmup-idle-step", "S", "seconds of predicted prefill per warm-up step while none do"),
     ("--response-cache-max-bytes", "BYTES", "memory: bytes of all cached answers; the largest one stored"),
     ("--response-cache-max-entries", "N", "memory: answers kept (least recently used evicted)"),
+    (
+        "--responses-ttl",
+        "S",
+        "seconds a stored Responses-API response or conversation is kept since it was last written or "
+        "chained on (kept in Redis with --state redis://..., else in this gateway)",
+    ),
+    (
+        "--responses-max-bytes",
+        "BYTES",
+        "in memory: bytes of all stored responses and conversations; both: the largest one stored",
+    ),
+    (
+        "--responses-max-entries",
+        "N",
+        "in memory: responses and conversations kept (least recently used evicted)",
+    ),
     ("--drain-timeout", "S", "on SIGTERM: seconds in-flight requests get to finish before the exit"),
     (
         "--max-waiting-per-replica",

@@ -82,6 +82,9 @@ class Settings:
     response_cache_ttl: float = 600.0  # seconds an answer is kept from its write
     response_cache_max_bytes: int = 256 * MiB  # memory: all answers; both: the largest one stored
     response_cache_max_entries: int = 50_000  # memory: answers kept
+    responses_ttl: float = 86400.0  # seconds a stored response or conversation lives unused (proxy/responses)
+    responses_max_bytes: int = 256 * MiB  # in memory: all stored responses; both: the largest one stored
+    responses_max_entries: int = 100_000  # in memory: responses and conversations kept
     warmup_quiet: float = 1.0  # a warm-up step waits for this long without a live request on its replica
     warmup_step: float = 0.15  # seconds of predicted prefill per warm-up step while live traffic flows
     warmup_idle_step: float = 0.5  # and while none does

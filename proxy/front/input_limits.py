@@ -1,6 +1,7 @@
 """Limits on what a generation body may hold, beyond its size (``max_body_bytes``, 413 when read).
 
-- ``max_messages``: chat messages per request (400 ``too_many_messages``);
+- ``max_messages``: chat messages per request, or Responses input items (the chain expanded) (400
+  ``too_many_messages``);
 - ``max_field_bytes``: the UTF-8 bytes of any one string anywhere in the body, keys included (413
   ``field_too_large``);
 - ``max_json_depth``: nesting of objects and arrays, the body itself being depth 1 (400 ``too_deep``).
@@ -32,12 +33,16 @@ class FieldTooLarge(PayloadTooLarge):
     code = "field_too_large"
 
 
+_LISTS = {Route.CHAT: ("messages", "messages"), Route.RESPONSES: ("input", "input items")}  # max_messages
+
+
 def check_limits(parsed: ParsedRequest, raw: bytes, st: Settings) -> None:
     """Raises the error of the first limit the body goes past."""
-    messages = parsed.body.get("messages") if parsed.route is Route.CHAT else None
+    key, what = _LISTS.get(parsed.route, ("", ""))
+    messages = parsed.body.get(key) if key else None
     if isinstance(messages, list) and len(messages) > st.max_messages:
         raise TooManyMessages(
-            f"{len(messages)} messages exceed the limit of {st.max_messages} (max_messages)", param="messages"
+            f"{len(messages)} {what} exceed the limit of {st.max_messages} (max_messages)", param=key
         )
     sizes = len(raw) > st.max_field_bytes
     depth = raw.count(b"[") + raw.count(b"{") > st.max_json_depth

@@ -1,10 +1,10 @@
 """The request body under limits, before any handler runs: a middleware every route goes through.
 
-- **Content type**: the OpenAI generation routes (``/v1/chat/completions``, ``/v1/completions``) take
-  ``application/json`` only, as OpenAI and SGLang do; any other type (or none) is a 400
-  ``unsupported_content_type`` in OpenAI's shape (after the size check: an oversized body is a 413
-  whatever its type). Other routes parse the body
-  as JSON whatever its type says (``/generate`` like SGLang's native API).
+- **Content type**: the OpenAI generation routes (``/v1/chat/completions``, ``/v1/completions``,
+  ``/v1/responses``) take ``application/json`` only, as OpenAI and SGLang do; any other type (or none)
+  is a 400 ``unsupported_content_type`` in OpenAI's shape (after the size check: an oversized body is a
+  413 whatever its type). Other routes parse the body as JSON whatever its type says (``/generate`` like
+  SGLang's native API).
 - **Size**: a declared ``Content-Length`` over ``--max-body-bytes`` is a 413 before a byte is read.
 - **Deadline**: the whole body must arrive within ``--body-timeout`` seconds of the headers; a client
   that drips it (slowloris) gets a 408 and its connection is closed, so it cannot hold a handler, a
@@ -25,7 +25,7 @@ from proxy.context import GATEWAY
 from proxy.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-JSON_ONLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+JSON_ONLY_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 
 
 def _check_content_type(request: web.Request) -> None:

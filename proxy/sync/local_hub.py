@@ -10,7 +10,9 @@ it with ``proxy.sync.local_store.LocalStore``. The hub holds, in memory:
   documents), as Redis' ``XREAD BLOCK`` on the log and the pulse stream does;
 - the rate-limit buckets (a ``proxy.tenancy.shared_limits.MemoryBuckets``, given);
 - the response cache's answers when ``--response-cache memory`` (its ``MemoryStore``, given: its bounds
-  and TTL hold for all workers together).
+  and TTL hold for all workers together), and the Responses API's records and conversations (another
+  ``MemoryStore``, bounded by ``--responses-max-bytes`` / ``--responses-max-entries``), so a chain's next
+  turn finds its history whichever worker takes it.
 
 A worker's connection that closes (it stopped, or died) takes that worker's documents with it, so the
 others stop counting its load at once. Nothing here is written to disk.
@@ -48,6 +50,10 @@ class Answers(Protocol):
     async def get(self, key: str) -> bytes | None: ...
 
     async def put(self, key: str, value: bytes) -> bool: ...
+
+    async def delete(self, key: str) -> bool: ...
+
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]: ...
 
 
 class HubState:
@@ -127,8 +133,11 @@ class HubState:
 class Hub:
     """``HubState``, the buckets and the answers, served on a Unix socket."""
 
-    def __init__(self, buckets: Buckets, answers: Answers | None = None) -> None:
-        self.state, self.buckets, self.answers = HubState(), buckets, answers
+    def __init__(
+        self, buckets: Buckets, answers: Answers | None = None, responses: Answers | None = None
+    ) -> None:
+        self.state, self.buckets = HubState(), buckets
+        self.spaces = {k: v for k, v in (("cache", answers), ("responses", responses)) if v is not None}
         self._server: asyncio.AbstractServer | None = None
         self._open: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}  # the connections being served
 
@@ -201,11 +210,21 @@ class Hub:
         return await self._answers(op, a)
 
     async def _answers(self, op: str, a: dict[str, Any]) -> Any:
-        if self.answers is None:
-            raise ChannelError("this channel keeps no response cache")
+        space = str(a.get("s", "cache"))
+        store = self.spaces.get(space)
+        if store is None:
+            raise ChannelError(f"this channel keeps no {space} store")
         if op == "get":
-            found = await self.answers.get(str(a["k"]))
-            return base64.b64encode(found).decode() if found is not None else None
+            return _b64(await store.get(str(a["k"])))
         if op == "put":
-            return await self.answers.put(str(a["k"]), base64.b64decode(a["v"]))
+            return await store.put(str(a["k"]), base64.b64decode(a["v"]))
+        if op == "delete":
+            return await store.delete(str(a["k"]))
+        if op == "get_many":
+            found = await store.get_many([str(k) for k in a["k"]], [str(k) for k in a["r"]])
+            return [_b64(f) for f in found]
         raise ChannelError(f"unknown operation {op!r}")
+
+
+def _b64(value: bytes | None) -> str | None:
+    return base64.b64encode(value).decode() if value is not None else None

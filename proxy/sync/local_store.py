@@ -127,29 +127,42 @@ class LocalStore:
         await self.call("give", {"b": bucket, "pm": per_minute, "amount": amount})
 
 
+class ChannelUnavailable(Exception):
+    """A strict ``LocalAnswers`` could not reach the hub."""
+
+
 class LocalAnswers:
-    """The response cache's store in the hub: a failed call is a miss or a dropped write, never an error
-    for the client (as the Redis store's); said once per outage."""
+    """A store of answers in the hub (``space``: the response cache's, or the Responses API's state).
+    Not ``strict`` (the cache): a failed call is a miss or a dropped write, never an error for the
+    client (as the Redis store's), said once per outage; ``strict`` (Responses): ``ChannelUnavailable``."""
 
     name = "local"
 
-    def __init__(self, url: str, max_bytes: int) -> None:
-        self.store, self.max_bytes = LocalStore(url), max_bytes
+    def __init__(self, url: str, max_bytes: int, space: str = "cache", strict: bool = False) -> None:
+        self.store, self.max_bytes, self.space, self.strict = LocalStore(url), max_bytes, space, strict
         self.down = False
 
     async def get(self, key: str) -> bytes | None:
-        found = await self._call("get", {"k": key})
-        return base64.b64decode(found) if isinstance(found, str) else None
+        return _unb64(await self._call("get", {"k": key}))
 
     async def put(self, key: str, value: bytes) -> bool:
         if len(key) + len(value) > self.max_bytes:
             return False
         return await self._call("put", {"k": key, "v": base64.b64encode(value).decode()}) is True
 
+    async def delete(self, key: str) -> bool:
+        return await self._call("delete", {"k": key}) is True
+
+    async def get_many(self, keys: list[str], renew: Sequence[str] = ()) -> list[bytes | None]:
+        found = await self._call("get_many", {"k": keys, "r": list(renew)})
+        return [_unb64(f) for f in found] if isinstance(found, list) else [None] * len(keys)
+
     async def _call(self, op: str, args: dict[str, Any]) -> Any:
         try:
-            result = await self.store.call(op, args)
+            result = await self.store.call(op, args | {"s": self.space})
         except (ConnectionError, TimeoutError, OSError, ChannelError) as e:
+            if self.strict:
+                raise ChannelUnavailable(f"the local channel: {type(e).__name__}") from None
             if not self.down:
                 log.warning("response cache: the local channel is unavailable (%s); serving uncached", e)
             self.down = True
@@ -161,3 +174,7 @@ class LocalAnswers:
 
     async def close(self) -> None:
         await self.store.close()
+
+
+def _unb64(found: object) -> bytes | None:
+    return base64.b64decode(found) if isinstance(found, str) else None

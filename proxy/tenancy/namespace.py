@@ -4,11 +4,11 @@ A request whose API key has a tenant (``proxy/tenancy/keys.py``) gets the tenant
 ``kvroute-tenant-<first 32 hex digits of SHA-256(tenant)>:``, a fixed length:
 
 - **in SGLang's KV namespace**: the body is rewritten (only then: otherwise the client's bytes go as
-  sent) with ``cache_salt`` = salt + the client's ``cache_salt`` on the OpenAI routes, ``extra_key`` =
-  salt + the client's ``extra_key`` on ``/generate`` (it has no ``cache_salt``; contract §8). SGLang's
-  key is ``cache_salt + extra_key``, so every key of a tenant starts with its salt: two tenants never
-  share a radix-tree prefix whatever they send, and a tenant that sends another tenant's salt only gets
-  it after its own. On pass-through routes the fields are prefixed when present.
+  sent) with ``cache_salt`` = salt + the client's ``cache_salt`` on the OpenAI routes (``/v1/responses``
+  too), ``extra_key`` = salt + the client's ``extra_key`` on ``/generate`` (it has no ``cache_salt``;
+  contract §8). SGLang's key is ``cache_salt + extra_key``, so every key of a tenant starts with its
+  salt: two tenants never share a radix-tree prefix whatever they send, and a tenant that sends another
+  tenant's salt only gets it after its own. On pass-through routes the fields are prefixed when present.
 - **in routing**: ``Namespace.tenant`` and the salted fields go into the chain seed of the block hashes
   (``routing.canonical.namespace_salt``), so tenants never share routing state either; and into the
   response cache's tenant (``proxy.answers.cache.tenant_of``).
@@ -45,7 +45,7 @@ def tenant_salt(tenant: str) -> str:
 
 
 def _salted_fields(parsed: ParsedRequest) -> tuple[str, ...]:
-    if parsed.route in (Route.CHAT, Route.COMPLETIONS):
+    if parsed.route in (Route.CHAT, Route.COMPLETIONS, Route.RESPONSES):
         return ("cache_salt",)
     if parsed.route is Route.GENERATE:
         return ("extra_key",)

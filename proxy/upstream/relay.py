@@ -10,9 +10,12 @@ read whole and sent with the replica's status, content type and body bytes. Stre
 
 ``SSESniffer`` watches the stream without changing it: it splits events on blank lines, keeps the
 first event's ``id`` (SGLang's rid, needed to abort) and the last event that carries token counts
-(the usage chunk of OpenAI routes, ``meta_info`` on ``/generate``), and parses that one event at the end.
-Ordinary chunks cost one substring search. ``first_event_error`` reads the code of an in-band error
-that a stream begins with (SGLang's way to fail a request it had accepted: the gateway retries it).
+(the usage chunk of OpenAI routes, ``meta_info`` on ``/generate``, the terminal event's ``response.usage``
+on ``/v1/responses``), and parses that one event at the end. Ordinary chunks cost one substring search.
+A stream is complete at ``data: [DONE]``, or on ``/v1/responses`` (``event: <type>`` before each
+``data:``, no ``[DONE]``) at its terminal event: ``response.completed``, ``.incomplete`` or ``.failed``.
+``first_event_error`` reads the code of an in-band error that a stream begins with (SGLang's way to fail
+a request it had accepted: the gateway retries it).
 """
 
 from __future__ import annotations
@@ -80,11 +83,25 @@ def _int(v: object) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+RESPONSES_END = frozenset({b"response.completed", b"response.incomplete", b"response.failed"})
+
+
+def _responses_usage(u: dict[str, Any]) -> Usage:
+    details = u.get("input_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    return Usage(_int(u.get("input_tokens")), _int(u.get("output_tokens")), cached)
+
+
 def usage_of(doc: object) -> Usage:
-    """Usage from an OpenAI response/chunk (``usage``) or a native one (``meta_info``)."""
+    """Usage from an OpenAI response/chunk (``usage``), a Responses object or stream event (its
+    ``input_tokens``; an event's under ``response``) or a native one (``meta_info``)."""
+    if isinstance(doc, dict) and isinstance(doc.get("response"), dict):
+        doc = doc["response"]
     if not isinstance(doc, dict):
         return Usage()
     u = doc.get("usage")
+    if isinstance(u, dict) and "input_tokens" in u:
+        return _responses_usage(u)
     if isinstance(u, dict):
         details = u.get("prompt_tokens_details")
         cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
@@ -103,6 +120,8 @@ def rid_of(doc: object) -> str | None:
     rid = doc.get("id")
     if rid is None and isinstance(doc.get("meta_info"), dict):
         rid = doc["meta_info"].get("id")
+    if rid is None and isinstance(doc.get("response"), dict):  # a /v1/responses event
+        rid = doc["response"].get("id")
     return rid if isinstance(rid, str) else None
 
 
@@ -130,6 +149,9 @@ class SSESniffer:
             self._event(event)
 
     def _event(self, event: bytes) -> None:
+        if event.startswith(b"event:"):  # a named event (/v1/responses): its data line follows
+            name, _, event = event.partition(b"\n")
+            self.saw_done = self.saw_done or name[6:].strip() in RESPONSES_END
         if not event.startswith(b"data:"):
             return
         data = event[5:].strip()
@@ -137,7 +159,7 @@ class SSESniffer:
             self.saw_done = True
         elif self.rid is None:
             self.rid = rid_of(_loads(data))
-        if b'"prompt_tokens"' in data:
+        if b'"prompt_tokens"' in data or b'"input_tokens"' in data:
             self._usage_event = data
 
     def usage(self) -> Usage:
@@ -159,7 +181,8 @@ def first_event_error(chunk: bytes) -> int | None:
 
 
 def body_usage(body: bytes) -> Usage:
-    return usage_of(_loads(body)) if b'"prompt_tokens"' in body else Usage()
+    counted = b'"prompt_tokens"' in body or b'"input_tokens"' in body
+    return usage_of(_loads(body)) if counted else Usage()
 
 
 class ClientStalled(Exception):

@@ -178,6 +178,32 @@ async def test_warmups_and_the_response_cache_are_shared_by_the_workers(
     assert set(served_by(log)) == {"0", "1"}
 
 
+async def test_a_responses_chain_continues_on_whichever_worker(
+    emulator_server: Emulators, tmp_path: Path
+) -> None:
+    """Without --state, the Responses state lives in the supervisor's hub: every turn of a chain, each
+    on a fresh connection, finds its history whichever worker takes it, and so does a GET."""
+    backends = await fleet(emulator_server, 2)
+    log = tmp_path / "gw.log"
+    async with workers(log, backends) as gw:
+        await ready(gw)
+        previous, seen, ids = None, [], []
+        for turn in range(8):
+            body = {"model": MODEL, "input": f"turn {turn}", "max_output_tokens": 4}
+            if previous is not None:
+                body["previous_response_id"] = previous
+            status, doc, _ = await fresh("POST", gw.url + "/v1/responses", json=body)
+            assert status == 200, doc  # an unknown previous_response_id would be a 404
+            previous = doc["id"]
+            ids.append(previous)
+            seen.append(doc["usage"]["input_tokens"])
+        assert seen == sorted(set(seen))  # each turn carried the whole chain before it to the replica
+        for rid in ids:
+            status, doc, _ = await fresh("GET", gw.url + f"/v1/responses/{rid}")
+            assert status == 200 and doc["id"] == rid
+    assert set(served_by(log)) == {"0", "1"}
+
+
 async def _stream(url: str, started: asyncio.Event) -> bytes:
     body = {"model": MODEL, "prompt": "tell a long story", "max_tokens": 500, "stream": True}
     out = b""

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.answers.store import MemoryStore as AnswerStore
 from proxy.sync.local_hub import Hub
-from proxy.sync.local_store import LocalAnswers, LocalStore
+from proxy.sync.local_store import ChannelUnavailable, LocalAnswers, LocalStore
 from proxy.sync.local_wire import hub_path, hub_url
 from proxy.sync.state_store import Doc
 from proxy.sync.state_sync import STATE_SYNC
@@ -29,7 +29,7 @@ ROUTED = Routed("http://r1", (1, 2, 3), 16.0, 48, None)
 
 @pytest.fixture
 async def hub(tmp_path: Path) -> AsyncIterator[tuple[Hub, str]]:
-    server = Hub(MemoryBuckets(), AnswerStore(60.0, 1 << 20, 100))
+    server = Hub(MemoryBuckets(), AnswerStore(60.0, 1 << 20, 100), AnswerStore(60.0, 1 << 20, 100))
     path = str(tmp_path / "hub.sock")
     await server.start(path)
     try:
@@ -116,6 +116,24 @@ async def test_buckets_and_answers_through_the_channel(hub: tuple[Hub, str], tmp
     await answers.close()
     gone = LocalAnswers(hub_url(str(tmp_path / "none.sock")), max_bytes=1000)
     assert await gone.get("k") is None and await gone.put("k", b"v") is False and gone.down
+    await gone.close()
+
+
+async def test_the_responses_space_is_apart_and_strict(hub: tuple[Hub, str], tmp_path: Path) -> None:
+    """The Responses state's store in the hub: its own space (the cache's keys are not its keys), reads
+    of a chain in one call with renewals, deletes; an unreachable hub raises instead of a silent miss."""
+    _, url = hub
+    cache, state = LocalAnswers(url, 1000), LocalAnswers(url, 1000, "responses", strict=True)
+    assert await state.put("a", b"1") and await state.put("b", b"2") and await cache.put("a", b"cached")
+    assert await state.get_many(["a", "x", "b"], renew=["a"]) == [b"1", None, b"2"]
+    assert (await cache.get("a"), await state.get("a")) == (b"cached", b"1")
+    assert await state.delete("a") is True and await state.delete("a") is False
+    assert await state.get("a") is None and await cache.get("a") == b"cached"
+    for s in (cache, state):
+        await s.close()
+    gone = LocalAnswers(hub_url(str(tmp_path / "none.sock")), 1000, "responses", strict=True)
+    with pytest.raises(ChannelUnavailable):
+        await gone.get("a")
     await gone.close()
 
 

@@ -73,6 +73,5 @@ class RoutingConfig:
     # (2 x layers x KV heads x head dim x dtype bytes: Llama-3.1-8B in bf16 is 128 KiB)
     kv_bytes_per_token: int = 131_072
     kv_transfer_gb_s: float = 20.0
-    decode_batch_slowdown: float = (
-        0.08  # per extra sequence decoding beside it, the relative slowdown of a token
-    )
+    decode_batch_slowdown: float = 0.08  # per sequence decoding beside it: a token's relative slowdown
+    decode_reserved_tokens: int = 512  # pre-allocated beside the prompt (SGLang --num-reserved-decode-tokens)

@@ -8,14 +8,14 @@ and llm-d (§4). The prefill server is chosen apart, by the prefix- and tier-awa
 For a request of P estimated prompt tokens and an output budget N (its ``max_new_tokens``, else
 ``default_new_tokens``), every healthy decode server d that is not draining costs, in seconds:
 
-    need_d     = P + min(N, 4096)
+    need_d     = P + decode_reserved_tokens
     wait_d     = max(slot_wait_s(d), memory_wait_s(d, need_d))
     transfer_d = (pending_d + P) x kv_bytes_per_token / (kv_transfer_gb_s x 1e9)
     decode_d   = N x decode_s_per_token x (1 + decode_batch_slowdown x running_d)
     cost_d     = wait_d + transfer_d + decode_d
 
-- ``need_d``: the KV the decode pre-allocates for the request, its whole prompt and its output budget
-  (clipped as SGLang's scheduler clips it, ``routing.ttft.kv_need``);
+- ``need_d``: the KV the decode server pre-allocates before it admits the request: its whole prompt (the
+  prefill sends all of it) and ``--num-reserved-decode-tokens`` (512; pd-contract.md §2.3);
 - ``wait_d``: until d admits it: a free running slot past ``max_running_requests``, or device memory
   for ``need_d`` beside the KV its requests in flight hold (``routing.ttft``: ``slot_wait_s``,
   ``memory_wait_s``). The prefill holds the request until the decode has admitted it (§2.3), so this
@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 from routing.config import RoutingConfig
 from routing.pipeline import NoCandidates
-from routing.ttft import CLIP_OUTPUT_TOKENS, memory_wait_s, slot_wait_s
+from routing.ttft import memory_wait_s, slot_wait_s
 from routing.types import ReplicaId, ReplicaState
 
 
@@ -66,7 +66,7 @@ class DecodePlacement:
         cfg = self.cfg
         out = max_new_tokens or cfg.default_new_tokens
         spt = cfg.decode_s_per_token
-        need = prompt_tokens + min(out, CLIP_OUTPUT_TOKENS)
+        need = prompt_tokens + cfg.decode_reserved_tokens
         wait = max(
             slot_wait_s(state, spt, cfg.default_new_tokens),
             memory_wait_s(state, need, spt, cfg.default_new_tokens),

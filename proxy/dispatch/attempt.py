@@ -47,7 +47,7 @@ class Attempt:
         first_byte_s = gw.deadlines.first_byte_s(
             ticket.prediction.terms.total, parsed.stream, ticket.request.max_new_tokens
         )
-        work = _work(ticket, parsed, gw.router.cfg.default_new_tokens, first_byte_s)
+        work = work_of(ticket, parsed, gw.router.cfg.default_new_tokens, first_byte_s)
         self._start(gw, ticket, ticket.replica, work, parsed, tap)
 
     def _start(
@@ -131,7 +131,7 @@ class Attempt:
         gw.fleet.outcome(a.replica, a.verdict, a.failure)
 
 
-def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int, first_byte_s: float) -> Work:
+def work_of(ticket: Ticket, parsed: ParsedRequest, default_tokens: int, first_byte_s: float) -> Work:
     """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill,
     the KV it holds, and its first-byte deadline."""
     terms = ticket.prediction.terms

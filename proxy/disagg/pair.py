@@ -26,7 +26,6 @@ to abort the client's ``rid`` when it gave one. ``finish`` ends both attempts ex
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -187,8 +186,8 @@ class Pair:
             if d.tap is not None:
                 d.tap.body(resp.status, head.body)
             out = web.Response(status=resp.status, body=head.body, headers=out_headers)
-        if resp.status < 400 and head.error is None:
-            await asyncio.wait({p_task})  # it ended with the transfer; bounded by its own deadlines anyway
+        if resp.status < 400 and head.error is None and not p_task.done():
+            await asyncio.wait({p_task})  # it ends with the transfer, before the decode's first token
         return out
 
     def _client_gone(self, counted: bool) -> None:
@@ -207,9 +206,14 @@ class Pair:
 
 
 async def _settle(*tasks: asyncio.Task[PrefillAnswer] | asyncio.Task[DecodeHead]) -> None:
-    """Gives up what is still running (its connection closed) and collects every outcome."""
+    """Gives up what is still running (its connection closed) and collects every outcome. Nothing is
+    awaited when both are done: a client that leaves as soon as it read its answer's last event must not
+    cancel the handler after its answer was given."""
+    running = [t for t in tasks if not t.done()]
+    for t in running:
+        t.cancel()
+    if running:
+        await asyncio.wait(running)
     for t in tasks:
-        if not t.done():
-            t.cancel()
-    waiting: list[Awaitable[object]] = list(tasks)
-    await asyncio.gather(*waiting, return_exceptions=True)
+        if not t.cancelled():
+            t.exception()  # retrieved: an outcome nobody needs is not "never retrieved"

@@ -155,6 +155,7 @@ async def run_kill(cfg: Config) -> Kill:
             records = await _replay(
                 prep, proc.urls[0], "rag    kvroute-pd, a decode killed", _killer(fleet, prep, at_s)
             )
+            retried = await _retried(proc.urls[0])
     failed = [r for r in records if not r.ok]
     unsent = [r for r in failed if r.error in ("deadline", "timeout") and r.ttft_s is None]
     lost = [r for r in failed if r.ttft_s is None and r not in unsent]
@@ -168,7 +169,18 @@ async def run_kill(cfg: Config) -> Kill:
         len(lost),
         len(cut),
         len(unsent),
+        retried,
     )
+
+
+async def _retried(url: str) -> int:
+    """Pair attempts kvroute retried because their decode server failed first (its /metrics)."""
+    async with aiohttp.ClientSession() as http, http.get(url + "/metrics") as resp:
+        text = await resp.text()
+    for line in text.splitlines():
+        if line.startswith('kvroute_pd_pair_failures_total{side="decode"}'):
+            return int(float(line.split()[-1]))
+    return 0
 
 
 async def _twice(http: aiohttp.ClientSession, url: str, model: str | None, text: str) -> tuple[int, int]:

@@ -82,6 +82,7 @@ class Kill:
     lost_before_streaming: int  # failed with no content byte (the target: 0)
     cut_while_streaming: int  # failed after content began (one SSE error event)
     unsent: int  # never sent: the replay's deadline came first (not a loss of the system)
+    retried: int = 0  # pair attempts retried on the other decode server (kvroute_pd_pair_failures_total)
 
 
 def _f(x: float, digits: int = 2) -> str:
@@ -138,7 +139,8 @@ def targets(points: Sequence[PdPoint], repeats: Sequence[Repeat], kill: Kill | N
         lines.append(
             f"| a decode server killed mid-run: 0 requests lost that had not started streaming | "
             f"{kill.lost_before_streaming} lost, {kill.cut_while_streaming} cut while streaming, "
-            f"{kill.ok} of {kill.requests} ok | {_verdict(kill.lost_before_streaming == 0)} |"
+            f"{kill.retried} retried on the other decode, {kill.ok} of {kill.requests} ok | "
+            f"{_verdict(kill.lost_before_streaming == 0)} |"
         )
     return "\n".join(lines)
 

@@ -7,6 +7,11 @@ a free loopback port (the contract's defaults otherwise: mooncake, 20 GB/s model
 server in a process of its own, without HiCache (SGLang refuses it on a decode server: it keeps no radix
 cache), so that one decode server can be killed alone (``kill_decode``). An async context manager.
 
+The same GPUs: the bench caps every replica's KV pool (``--max-total-tokens``, ``FleetSpec``) below what
+its GPU holds with HiCache on, which costs ~31.5% of the pool (``emu_hicache_gpu_cost``, emulator/config.py:
+233,207 tokens without it, 159,692 with it, seed 2). A decode server runs without HiCache, so its cap is
+the same GPU's pool without that cost: the prefill servers' cap / (1 - 0.315).
+
 PD systems are command templates as in ``bench.systems.registry``, with two more tokens: ``{prefill_args}``
 (kvroute: ``--prefill URL --prefill-bootstrap-port PORT`` per prefill server; sglang-router:
 ``--prefill URL PORT``) and ``{decode_args}`` (``--decode URL`` per decode server). A system is ready when
@@ -30,6 +35,9 @@ from bench.systems.procs import LOOPBACK, ManagedProcess, free_ports
 from bench.systems.registry import READY_PATHS, SGLANG_ENV, System, counts, expand
 
 HICACHE = ("--enable-hierarchical-cache", "--hicache-write-policy", "--hicache-ratio")
+HICACHE_GPU_COST = (
+    0.315  # the share of a GPU's KV pool HiCache takes (emulator/config.py emu_hicache_gpu_cost)
+)
 KVROUTE_PD = (
     "{python} -m proxy.cli serve --host 127.0.0.1 --port {port} {prefill_args} {decode_args} --policy cost"
 )
@@ -52,7 +60,8 @@ def pd_systems() -> tuple[System, ...]:
 
 
 def without_hicache(args: Sequence[str]) -> list[str]:
-    """The launch flags without HiCache's (each of them takes a value but the switch)."""
+    """The launch flags without HiCache's (each of them takes a value but the switch), the KV pool cap
+    raised by what HiCache would have cost the same GPU (module docstring)."""
     out, skip = [], False
     for a in args:
         if skip:
@@ -61,6 +70,9 @@ def without_hicache(args: Sequence[str]) -> list[str]:
             skip = a != "--enable-hierarchical-cache"
         else:
             out.append(a)
+    if "--max-total-tokens" in out:
+        i = out.index("--max-total-tokens") + 1
+        out[i] = str(int(int(out[i]) / (1.0 - HICACHE_GPU_COST)))
     return out
 
 

@@ -149,6 +149,11 @@ class Fleet:
         replica = self._replicas.get(replica_id)
         return replica.role if replica is not None else None
 
+    def serving(self) -> bool:
+        """Can a request be served now: a healthy unified replica, or a healthy prefill and decode server."""
+        healthy = {r.role for r in self._replicas.values() if r.healthy and r.info is not None}
+        return "unified" in healthy or {"prefill", "decode"} <= healthy
+
     def idle_unified(self) -> list[ReplicaId]:
         """Unified replicas of a model that also has prefill/decode servers: never routed (docs/pd.md)."""
         pd_models = {r.info.served_model for r in self._replicas.values() if r.info and r.role != "unified"}

@@ -78,8 +78,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """200 once a replica is healthy and, with ``--state``, the start-up replay of the shared log is
-    done (or gave up after ``proxy.sync.state_sync.START_WAIT_S``); 503 before."""
+    """200 once a replica is healthy (in a prefill/decode fleet: a server of each role) and, with
+    ``--state``, the start-up replay of the shared log is done (or gave up after
+    ``proxy.sync.state_sync.START_WAIT_S``); 503 before."""
     gw = request.app[GATEWAY]
     if gw.admission.draining:
         return _json({"status": "draining", "inflight": gw.admission.inflight}, status=503)
@@ -87,13 +88,14 @@ async def ready(request: web.Request) -> web.Response:
     healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
     sync = request.app.get(STATE_SYNC)
     replaying = sync is not None and not sync.ready.is_set()
+    ok = healthy and gw.fleet.serving() and not replaying
     doc = {
-        "status": "ready" if healthy and not replaying else "not ready",
+        "status": "ready" if ok else "not ready",
         "healthy_replicas": healthy,
         "replicas": len(replicas),
         **({"state": "replaying the shared log"} if replaying else {}),
     }
-    return _json(doc, status=200 if healthy and not replaying else 503)
+    return _json(doc, status=200 if ok else 503)
 
 
 async def status(request: web.Request) -> web.Response:

@@ -229,3 +229,20 @@ async def test_gateways_sharing_redis_see_each_others_decode_load(
     held.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await held
+
+
+async def test_the_gateway_is_ready_only_with_a_healthy_server_of_each_role(pd_fleet: PdFactory) -> None:
+    fleet = await pd_fleet(prefills=1, decodes=1)
+
+    async def ready() -> int:
+        async with aiohttp.ClientSession() as http, http.get(fleet.url + "/ready") as r:
+            return r.status
+
+    assert await ready() == 200
+    await fleet.decodes[0].fault(action="unhealthy")  # /health answers 503 until cleared
+    decode = fleet.gw.gw.fleet.get(fleet.decodes[0].url)
+    assert decode is not None
+    await wait_for(lambda: not decode.healthy)
+    assert await ready() == 503  # the prefill server alone cannot serve a request
+    status, _, body = await chat(fleet.url)
+    assert status == 503 and b"no healthy decode server" in body

@@ -62,7 +62,8 @@ async def test_a_decode_killed_mid_run_loses_no_request_that_had_not_started_str
         "decode",
     ]
     decodes = [
-        ManagedProcess([*argv, "--port", str(p)], [u], tmp_path / f"d{p}.log") for p, u in zip(ports, urls)
+        ManagedProcess([*argv, "--port", str(p)], [u], tmp_path / f"d{p}.log")
+        for p, u in zip(ports, urls, strict=True)
     ]
     async with decodes[0], decodes[1]:
         gw = await gateway([], prefill=(prefill.url,), decode=tuple(urls), health_interval=0.1, retries=3)

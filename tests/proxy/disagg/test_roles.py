@@ -31,9 +31,9 @@ CHAT = {"model": MODEL, "messages": [SYSTEM, {"role": "user", "content": "What i
 
 
 async def chat(url: str, **extra: Any) -> tuple[int, dict[str, str], bytes]:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(url + "/v1/chat/completions", json=CHAT | {"max_tokens": 4} | extra) as r:
-            return r.status, dict(r.headers), await r.read()
+    body = CHAT | {"max_tokens": 4} | extra
+    async with aiohttp.ClientSession() as http, http.post(url + "/v1/chat/completions", json=body) as r:
+        return r.status, dict(r.headers), await r.read()
 
 
 # ---- pure parts ----------------------------------------------------------------------------------
@@ -93,8 +93,10 @@ def test_pd_settings_from_flags_toml_and_environment(tmp_path: Any) -> None:
     )
     assert st.prefill == ("http://p0:30000", "http://p1:30000") and st.bootstrap_port_of(1) is None
     st = load_settings(
-        ["--prefill", "http://p0:30000", "--prefill-bootstrap-port", "9001", "--prefill", "http://p1:30000"]
-        + ["--prefill-bootstrap-port", "9002"],
+        [
+            *("--prefill", "http://p0:30000", "--prefill-bootstrap-port", "9001"),
+            *("--prefill", "http://p1:30000", "--prefill-bootstrap-port", "9002"),
+        ],
         env={"KVROUTE_DECODE": "http://d0:30000 http://d1:30000"},
     )
     assert (st.bootstrap_port_of(0), st.bootstrap_port_of(1), len(st.decode)) == (9001, 9002, 2)
@@ -113,8 +115,14 @@ def test_pd_settings_from_flags_toml_and_environment(tmp_path: Any) -> None:
         (["--prefill", "http://p:1"], "setting 'prefill' needs 'decode'"),
         (["--decode", "http://d:1"], "setting 'decode' needs 'prefill'"),
         (
-            ["--prefill", "http://p:1,http://q:1,http://r:1", "--decode", "http://d:1"]
-            + ["--prefill-bootstrap-port", "1,2"],
+            [
+                "--prefill",
+                "http://p:1,http://q:1,http://r:1",
+                "--decode",
+                "http://d:1",
+                "--prefill-bootstrap-port",
+                "1,2",
+            ],
             "2 ports for 3 prefill servers",
         ),
         (
@@ -199,9 +207,7 @@ async def test_warm_ups_go_to_prefill_servers_only_with_the_fake_transfer(pd_fle
     assert fleet.taps["d0"].bodies == []
     (step,) = [orjson.loads(b) for b in fleet.taps["p0"].bodies]
     assert (step["bootstrap_host"], step["bootstrap_room"]) == ("2.2.2.2", 0)
-    status, headers, body = await chat(
-        fleet.url, messages=[doc["messages"][0], {"role": "user", "content": "q"}]
-    )
+    status, _, body = await chat(fleet.url, messages=[doc["messages"][0], {"role": "user", "content": "q"}])
     cached = orjson.loads(body)["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert status == 200 and cached > 700  # the first real question hits the warmed prefill
 

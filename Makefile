@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/kvroute bench
 	$(BIN)/python -m bench.gateways
 	$(BIN)/python -m bench.warmrag
+	$(BIN)/python -m bench.pd
 
 bench-matrix: $(STAMP)
 	$(BIN)/kvroute bench --matrix

@@ -31,6 +31,8 @@ from proxy.admin import control, preview, replicas
 from proxy.answers import cache as response_cache
 from proxy.config.settings import Settings, SettingsError, load_settings
 from proxy.context import GATEWAY, Gateway
+from proxy.disagg.pairs import PairDispatch
+from proxy.dispatch.forward import PAIRS
 from proxy.exact.tokenizer import PromptTokenizer
 from proxy.fleet.discovery import DISCOVERY, discovery_for
 from proxy.fleet.fleet import Fleet
@@ -66,6 +68,10 @@ def build_gateway(settings: Settings) -> Gateway:
         pricing=lambda replica: 1.0 / router.rates.get(replica).prefill_tokens_per_s,
         auth=ReplicaAuth(settings.replica_api_key),
     )
+    for i, url in enumerate(settings.prefill):
+        fleet.add(url, "prefill", settings.bootstrap_port_of(i))
+    for url in settings.decode:
+        fleet.add(url, "decode")
     metrics = GatewayMetrics(
         lambda: [(r.id, r.inflight_requests, r.healthy and r.info is not None) for r in fleet.replicas()],
         router.accuracy,
@@ -127,6 +133,7 @@ def build_app(settings: Settings) -> web.Application:
     middlewares = [handlers.errors_middleware, guard, gatekeeper.gatekeeper, body_middleware]
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = build_gateway(settings)
+    app[PAIRS] = PairDispatch(app[GATEWAY])  # prefill/decode pairs (proxy/disagg)
     response_cache.install(app)
     app.cleanup_ctx.append(_session_ctx)
     app.cleanup_ctx.append(_poller_ctx)
@@ -167,11 +174,11 @@ def main(argv: list[str]) -> int:
     except (SettingsError, ValueError) as e:
         print(f"kvroute serve: {e}", file=sys.stderr)
         return 2
-    if not settings.backends and not settings.discover and settings.admin_key is None:
+    if not (settings.backends or settings.prefill) and not settings.discover and settings.admin_key is None:
         print(
             "kvroute serve: nothing to route to: give replicas with --backend URL [URL ...], "
-            "--discover dns://NAME:PORT, or --admin-key K to add them later with "
-            "POST /admin/replicas",
+            "prefill/decode servers with --prefill URL --decode URL, --discover dns://NAME:PORT, "
+            "or --admin-key K to add them later with POST /admin/replicas",
             file=sys.stderr,
         )
         return 2
@@ -180,7 +187,7 @@ def main(argv: list[str]) -> int:
         level=settings.log_level.upper(), format=f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s"
     )
     log.info("settings: %s", json.dumps(settings.redacted(), default=str))
-    if not settings.backends and not settings.discover:
+    if not (settings.backends or settings.prefill) and not settings.discover:
         log.warning("no --backend given: add replicas with POST /admin/replicas (the admin key)")
     if app is None:
         return deployment.supervise(settings, argv)

@@ -71,3 +71,12 @@ class RoutingConfig:
 
     # least_load: load = prefill tokens in flight + this many tokens per in-flight request
     tokens_per_request: int = 256
+
+    # prefill/decode disaggregation: the decode server of a pair (routing.decode_placement). The prefill
+    # sends the whole prompt's KV to the decode over a link of kv_transfer_gb_s (1e9 bytes/s; llm-d's
+    # typical InfiniBand 20-50 GB/s, RoCEv2 10-25, TCP 1-3: pd-contract.md §3), kv_bytes_per_token each
+    # (2 x layers x KV heads x head dim x dtype bytes: Llama-3.1-8B in bf16 is 128 KiB)
+    kv_bytes_per_token: int = 131_072
+    kv_transfer_gb_s: float = 20.0
+    decode_batch_slowdown: float = 0.08  # per sequence decoding beside it: a token's relative slowdown
+    decode_reserved_tokens: int = 512  # pre-allocated beside the prompt (SGLang --num-reserved-decode-tokens)

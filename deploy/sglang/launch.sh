@@ -12,6 +12,11 @@
 #   HICACHE_STORAGE_DIR    set: the `file` L3 backend writes there (survives restarts; SGLang reads it
 #                          from SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, default /tmp/hicache)
 #   EXTRA_ARGS             more SGLang flags, split on spaces (e.g. speculative decoding, mamba sizes)
+#   DISAGGREGATION_MODE    null (default: an ordinary replica), prefill or decode (a prefill/decode fleet,
+#                          docs/pd.md); then TRANSFER_BACKEND (mooncake), IB_DEVICE (e.g. mlx5_0,mlx5_1;
+#                          unset: detected) and, on a prefill server, BOOTSTRAP_PORT (8998). A decode
+#                          server runs without HiCache: SGLang forces it to a chunk cache and refuses
+#                          --enable-hierarchical-cache there (pd-contract.md §2.1, §2.8)
 #   SGLANG_PYTHON (python3)
 #
 # Why these flags (two practitioners' reports; docs/operations.md "Sizing a replica" has their numbers):
@@ -42,18 +47,33 @@ args=(
   --max-prefill-tokens "${MAX_PREFILL_TOKENS:-16384}"
   --enable-cache-report
   --enable-metrics
-  --enable-hierarchical-cache
-  --hicache-write-policy write_back
-  --hicache-io-backend "${HICACHE_IO_BACKEND:-kernel}"
 )
-if [[ -n "${HICACHE_SIZE_GB:-}" ]]; then
-  args+=(--hicache-size "$HICACHE_SIZE_GB")
-else
-  args+=(--hicache-ratio "${HICACHE_RATIO:-2}")
+mode="${DISAGGREGATION_MODE:-null}"
+case "$mode" in
+  null | prefill | decode) ;;
+  *) echo "DISAGGREGATION_MODE must be null, prefill or decode, not '$mode'" >&2; exit 2 ;;
+esac
+if [[ "$mode" != decode ]]; then
+  args+=(--enable-hierarchical-cache --hicache-write-policy write_back)
+  args+=(--hicache-io-backend "${HICACHE_IO_BACKEND:-kernel}")
+  if [[ -n "${HICACHE_SIZE_GB:-}" ]]; then
+    args+=(--hicache-size "$HICACHE_SIZE_GB")
+  else
+    args+=(--hicache-ratio "${HICACHE_RATIO:-2}")
+  fi
+  if [[ -n "${HICACHE_STORAGE_DIR:-}" ]]; then
+    export SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR="$HICACHE_STORAGE_DIR"
+    args+=(--hicache-storage-backend file)
+  fi
 fi
-if [[ -n "${HICACHE_STORAGE_DIR:-}" ]]; then
-  export SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR="$HICACHE_STORAGE_DIR"
-  args+=(--hicache-storage-backend file)
+if [[ "$mode" != null ]]; then
+  args+=(--disaggregation-mode "$mode" --disaggregation-transfer-backend "${TRANSFER_BACKEND:-mooncake}")
+  if [[ "$mode" == prefill ]]; then
+    args+=(--disaggregation-bootstrap-port "${BOOTSTRAP_PORT:-8998}")
+  fi
+  if [[ -n "${IB_DEVICE:-}" ]]; then
+    args+=(--disaggregation-ib-device "$IB_DEVICE")
+  fi
 fi
 optional=(
   SERVED_MODEL_NAME:--served-model-name MEM_FRACTION_STATIC:--mem-fraction-static
@@ -73,7 +93,7 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
   printf '%s\n' "${command[@]}"
   exit 0
 fi
-if [[ -n "${HICACHE_STORAGE_DIR:-}" ]]; then
+if [[ -n "${HICACHE_STORAGE_DIR:-}" && "$mode" != decode ]]; then
   mkdir -p "$HICACHE_STORAGE_DIR"
 fi
 exec "${command[@]}"

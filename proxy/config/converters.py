@@ -8,7 +8,8 @@ sglang-router's ``--worker-urls``, ``proxy/config/flags.py``) and the flag may b
 list. ``model_alias`` maps model names clients send to served models (``NAME=MODEL``, repeatable,
 comma-separated in the environment, a table ``[model_alias]`` in TOML). ``discover`` takes DNS targets
 separated the same way, the flag repeated for several (``dns://NAME:PORT``, ``dns+srv://_PORT._PROTO.NAME``;
-``proxy/fleet/discovery.py``).
+``proxy/fleet/discovery.py``). ``prefill`` and ``decode`` take the servers of a prefill/decode fleet as
+``backend`` takes replicas, ``prefill_bootstrap_port`` their ports the same way (docs/pd.md).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def _words(v: object, what: str) -> list[str]:
 
 def _backends(v: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(parse_url(u) for u in _words(v, "a URL")))
+
+
+def _ports(v: object) -> tuple[int, ...]:
+    """Ports, separated by commas or whitespace (a list in TOML, or one integer)."""
+    items = [str(v)] if isinstance(v, int) and not isinstance(v, bool) else v
+    if isinstance(items, list | tuple):
+        items = [str(i) if isinstance(i, int) and not isinstance(i, bool) else i for i in items]
+    return tuple(_int(1, 65535)(w) for w in _words(items, "a port"))
 
 
 def _targets(v: object) -> tuple[str, ...]:
@@ -127,6 +136,9 @@ CONVERTERS: dict[str, Callable[[object], Any]] = {
     "host": _str,
     "port": _int(0, 65535),
     "backend": _backends,
+    "prefill": _backends,
+    "prefill_bootstrap_port": _ports,
+    "decode": _backends,
     "config": _str,
     "policy": _choice(POLICY_NAMES),
     "admin_key": _str,

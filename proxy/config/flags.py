@@ -19,6 +19,18 @@ FLAGS: tuple[tuple[str, str, str], ...] = (  # flag, metavar, help
         "space-separated, or the flag repeated",
     ),
     (
+        "--prefill",
+        "URL",
+        "prefill server URL(s) of a prefill/decode fleet (SGLang --disaggregation-mode prefill); repeatable",
+    ),
+    (
+        "--prefill-bootstrap-port",
+        "PORT",
+        "the prefill servers' --disaggregation-bootstrap-port: one for all, or one per --prefill in order "
+        "(default: the port each reports in /server_info); repeatable",
+    ),
+    ("--decode", "URL", "decode server URL(s) of a prefill/decode fleet (docs/pd.md); repeatable"),
+    (
         "--discover",
         "URI",
         "replicas from DNS, re-resolved: dns://NAME:PORT (A/AAAA) or dns+srv://_PORT._PROTO.NAME; repeatable",
@@ -207,7 +219,7 @@ SWITCHES: tuple[tuple[str, str], ...] = (
     ("--no-request-id-headers", "do not forward x-request-id or add x-kvroute-replica"),
     ("--access-log", "log one line per request: method, path, status, replica, reason, TTFT, tokens, id"),
 )
-_REPEATABLE = {"--discover", "--model-alias"}
+_REPEATABLE = {"--discover", "--model-alias", "--prefill", "--prefill-bootstrap-port", "--decode"}
 _MANY = {"--backend"}  # takes several values after one flag, and is repeatable too
 
 

@@ -29,12 +29,13 @@ from proxy.config.settings import MiB, Settings
 from routing.config import RoutingConfig
 
 _FIELD = {"backend": "backends", "model_alias": "model_aliases"}  # key -> Settings field, where they differ
-_REPEATABLE = ("backend", "discover", "model_alias")
+_REPEATABLE = ("backend", "discover", "model_alias", "prefill", "prefill_bootstrap_port", "decode")
 _SET_BY_SETTINGS = {k: f"replaced by the `{k}` setting" for k in ("policy", "seed")}
 _NAMED = {  # converters that are plain functions: what each accepts
     "_str": "a non-empty string",
     "_bool": "true or false (also 1/0, yes/no, on/off)",
     "_backends": "URLs, comma- or space-separated",
+    "_ports": "ports, comma- or space-separated",
     "_targets": "dns://NAME:PORT or dns+srv://_PORT._PROTO.NAME, comma- or space-separated",
     "_dns_server": "HOST or HOST:PORT",
     "_aliases": "NAME=MODEL pairs (a [model_alias] table in TOML)",

@@ -37,6 +37,9 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8080
     backends: tuple[str, ...] = ()
+    prefill: tuple[str, ...] = ()  # prefill servers of a prefill/decode fleet (docs/pd.md)
+    prefill_bootstrap_port: tuple[int, ...] = ()  # their bootstrap ports: one for all, or one each
+    decode: tuple[str, ...] = ()  # decode servers of a prefill/decode fleet
     config: str | None = None
     policy: PolicyName = "cost"
     admin_key: str | None = None
@@ -110,10 +113,16 @@ class Settings:
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SettingsError("settings 'tls_cert' and 'tls_key' go together: give both or neither")
+        _check_pd(self)
         if (self.routing.policy, self.routing.seed) != (self.policy, self.seed):
             object.__setattr__(
                 self, "routing", dataclasses.replace(self.routing, policy=self.policy, seed=self.seed)
             )
+
+    def bootstrap_port_of(self, i: int) -> int | None:
+        """The configured bootstrap port of the i-th prefill server (None: the one it reports)."""
+        ports = self.prefill_bootstrap_port
+        return None if not ports else ports[0] if len(ports) == 1 else ports[i]
 
     @property
     def status_protected(self) -> bool:
@@ -129,12 +138,35 @@ class Settings:
         for secret in ("admin_key", "status_key", "replica_api_key"):
             out[secret] = "***" if getattr(self, secret) else None
         out["backends"] = [redacted_url(b) for b in self.backends]
+        out["prefill"] = [redacted_url(b) for b in self.prefill]
+        out["decode"] = [redacted_url(b) for b in self.decode]
         inline = self.api_keys is not None and self.api_keys.lstrip()[:1] in ("[", "{")
         out["api_keys"] = "***" if inline else self.api_keys
         out["state"] = redacted_url(self.state) if self.state else None
         out["response_cache"] = redacted_url(self.response_cache)
         out["routing"] = dataclasses.asdict(self.routing)
         return out
+
+
+def _check_pd(st: Settings) -> None:
+    """A prefill/decode fleet: prefill and decode servers together, no unified ``backend`` beside them
+    (mixed fleets are refused: docs/pd.md), and one bootstrap port for all prefills or one each."""
+    if bool(st.prefill) != bool(st.decode):
+        given, missing = ("prefill", "decode") if st.prefill else ("decode", "prefill")
+        raise SettingsError(
+            f"setting {given!r} needs {missing!r}: a prefill/decode fleet has both kinds of server"
+        )
+    if st.prefill and st.backends:
+        raise SettingsError(
+            "settings 'backend' and 'prefill'/'decode' cannot be mixed: a request is served either by one "
+            "unified replica or by a prefill/decode pair, and kvroute refuses fleets of both (docs/pd.md)"
+        )
+    ports = st.prefill_bootstrap_port
+    if ports and len(ports) not in (1, len(st.prefill)):
+        raise SettingsError(
+            f"setting 'prefill_bootstrap_port': {len(ports)} ports for {len(st.prefill)} prefill servers; "
+            "give one for all of them or one each, in the order of 'prefill'"
+        )
 
 
 def _convert(key: str, value: object, source: str) -> Any:

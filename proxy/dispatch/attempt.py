@@ -44,13 +44,27 @@ class Attempt:
     """One try on one replica; collects what the outcome needs."""
 
     def __init__(self, gw: Gateway, ticket: Ticket, parsed: ParsedRequest, tap: Tap | None = None) -> None:
-        self.gw, self.ticket, self.replica, self.tap = gw, ticket, ticket.replica, tap
-        self.route = parsed.route.value
         first_byte_s = gw.deadlines.first_byte_s(
             ticket.prediction.terms.total, parsed.stream, ticket.request.max_new_tokens
         )
-        work = _work(ticket, parsed, gw.router.cfg.default_new_tokens, first_byte_s)
-        self.lease = gw.fleet.acquire(ticket.replica, work)
+        work = work_of(ticket, parsed, gw.router.cfg.default_new_tokens, first_byte_s)
+        self._start(gw, ticket, ticket.replica, work, parsed, tap)
+
+    def _start(
+        self,
+        gw: Gateway,
+        ticket: Ticket,
+        replica: ReplicaId,
+        work: Work,
+        parsed: ParsedRequest,
+        tap: Tap | None,
+    ) -> None:
+        """The lease on ``replica`` and the first-byte deadline of ``work`` (a subclass may lease another
+        replica than the ticket's: the decode server of a prefill/decode pair, ``proxy/disagg``)."""
+        self.gw, self.ticket, self.replica, self.tap = gw, ticket, replica, tap
+        self.route = parsed.route.value
+        first_byte_s = work.first_byte_s
+        self.lease = gw.fleet.acquire(replica, work)
         self.t0 = asyncio.get_running_loop().time()
         self.deadline = self.t0 + first_byte_s
         # the first-byte wait of its send and first chunk: never past request_timeout from now; an answer
@@ -117,7 +131,7 @@ class Attempt:
         gw.fleet.outcome(a.replica, a.verdict, a.failure)
 
 
-def _work(ticket: Ticket, parsed: ParsedRequest, default_tokens: int, first_byte_s: float) -> Work:
+def work_of(ticket: Ticket, parsed: ParsedRequest, default_tokens: int, first_byte_s: float) -> Work:
     """The request's share of its replica's load: the predicted uncached tokens and seconds of prefill,
     the KV it holds, and its first-byte deadline."""
     terms = ticket.prediction.terms

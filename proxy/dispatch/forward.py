@@ -16,6 +16,8 @@ whose circuit breaker refuses (``Fleet.admit``: open, or its half-open trial alr
 3. relay: the whole body here, or SSE chunk by chunk (``proxy/dispatch/stream_relay.py``, which also says what
    a failure after the first streamed byte does);
 4. ``finally``: ``Attempt.finish`` (lease, Router report, metrics, the breaker's verdict).
+A request whose ticket names a prefill server of a prefill/decode fleet goes to the app's ``PAIRS``
+instead (``proxy/disagg``: the prefill and a decode server at once, one stream back).
 If the client goes away, the upstream connection is closed and the rid aborted
 (``proxy/dispatch/stream_relay.py``). An optional ``Tap`` sees the relayed answer (the whole body, or each SSE
 chunk as it passes): the response cache's capture (``proxy/answers/capture.py``).
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Protocol
 
 import aiohttp
 from aiohttp import web
@@ -42,8 +45,21 @@ from proxy.upstream.retry_budget import backoff_s
 from routing.ledger import Ticket
 from routing.types import Decision, ReplicaId
 
-__all__ = ["Tap", "forward", "request_id"]
+__all__ = ["PAIRS", "PairForward", "Tap", "forward", "request_id"]
 RETRY_STATUSES = frozenset({500, 502, 503, 504})
+
+
+class PairForward(Protocol):
+    """Sends a request whose ticket names a prefill server to a prefill/decode pair (``proxy/disagg``)."""
+
+    def serves(self, ticket: Ticket) -> bool: ...
+
+    async def forward(
+        self, request: web.Request, raw: bytes, parsed: ParsedRequest, ticket: Ticket, tap: Tap | None
+    ) -> web.StreamResponse: ...
+
+
+PAIRS: web.AppKey[PairForward] = web.AppKey("pairs", PairForward)
 
 
 def request_id(request: web.Request) -> str:
@@ -71,6 +87,9 @@ async def forward(
     ticket: Ticket,
     tap: Tap | None = None,
 ) -> web.StreamResponse:
+    pairs = request.app.get(PAIRS)
+    if pairs is not None and pairs.serves(ticket):
+        return await pairs.forward(request, raw, parsed, ticket, tap)
     rid_header = request_id(request) if gw.settings.request_id_headers else None
     extra = {"x-request-id": rid_header} if rid_header else {}
     headers = forward_headers(request.headers, extra)

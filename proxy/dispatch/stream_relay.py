@@ -70,8 +70,12 @@ async def relay_sse(
     resp: aiohttp.ClientResponse,
     headers: CIMultiDict[str],
     parsed: ParsedRequest,
+    first: bytes | None = None,
 ) -> web.StreamResponse:
-    first = await _first_chunk(gw, a, resp, parsed)
+    """Relays ``resp``'s stream; ``first``: its first chunk, already read by the caller (a decode server's,
+    read while its prefill server was watched too: ``proxy/disagg``)."""
+    if first is None:
+        first = await _first_chunk(gw, a, resp, parsed)
     out = web.StreamResponse(status=resp.status, headers=headers)
     await out.prepare(request)
     sniffer = SSESniffer()

@@ -16,6 +16,11 @@
   real requests (``outcome``); an open breaker hides the replica from the router (``state().healthy`` is
   false), a half-open one lets one trial through (``admit``). A good active check closes a half-open
   breaker; a replica that comes back from unhealthy, or restarted, starts with a closed one.
+- Roles (``proxy/fleet/roles.py``): in a prefill/decode fleet, ``snapshot`` is what routing chooses a
+  prefill from: the prefill servers serving the model (an ordinary, unified replica of a model that
+  also has PD servers is left idle, logged once: docs/pd.md); ``decodes`` gives the decode servers. A
+  replica whose reported mode contradicts its declared role fails its health checks with the reason. A
+  breaker may eject at most half of the replicas *of its role*.
 - Load: ``acquire`` gives each routed request a ``Lease`` on its replica's load and ``snapshot`` the
   routing view of every replica serving a model (``proxy/fleet/replica.py``: the replica record, its
   snapshot in work priced at its current learned rate, and the lease).
@@ -36,6 +41,7 @@ from proxy.fleet.load import TrafficEpoch, Work
 from proxy.fleet.replica import Lease, Pricing, Replica, nothing
 from proxy.fleet.replica_info import parse_replica_info
 from proxy.fleet.restarts import Restarts
+from proxy.fleet.roles import Role
 from proxy.upstream.breaker import BreakerPolicy
 from proxy.upstream.client import Upstream
 from proxy.upstream.credentials import ReplicaAuth, replica_id_of
@@ -72,6 +78,7 @@ class Fleet:
         self.restarts = restarts  # the one owner of "this replica restarted"
         self._health = HealthLog(health_interval)
         self._checks = 0
+        self._idle: set[ReplicaId] = set()  # unified replicas left idle beside PD servers (logged once)
         self._epoch = TrafficEpoch()  # the replicas' load averages start with the fleet's traffic
         self.load_changed: Callable[[], None] = nothing  # called when a lease's load changes
         self.balance = Balance()  # idle-while-queued seconds per replica (proxy/fleet/balance.py)
@@ -81,14 +88,17 @@ class Fleet:
             self.add(url)
 
     # ---- membership (admin API) ----
-    def add(self, url: str) -> Replica:
-        """The replica at ``url`` (added when new); its id is the URL without credentials."""
+    def add(self, url: str, role: Role | None = None, bootstrap_port: int | None = None) -> Replica:
+        """The replica at ``url`` (added when new); its id is the URL without credentials. ``role`` is a
+        declared one (``--prefill``, ``--decode``), ``bootstrap_port`` a prefill's configured port."""
         rid = self.auth.register(url)
         replica = self._replicas.get(rid)
         if replica is None:
             replica = Replica(rid, epoch=self._epoch, breaker=self._breaker, pricing=self._pricing)
             self._replicas[replica.id] = replica
             self._changed[replica.id] = functools.partial(self._lease_changed, replica)
+        if role is not None:
+            replica.declared_role, replica.bootstrap_override = role, bootstrap_port
         return replica
 
     def remove(self, rid: ReplicaId) -> bool:
@@ -138,9 +148,35 @@ class Fleet:
         return model == served or model.split(":", 1)[0] == served
 
     def snapshot(self, model: str | None) -> list[ReplicaState]:
-        """States of the replicas that serve ``model`` (any model when None), all at one instant."""
+        """States of the replicas that take the prefill of a request for ``model`` (any model when None),
+        all at one instant: the unified replicas, or in a prefill/decode fleet its prefill servers."""
         now = time.monotonic()
-        return [r.state(now) for r in self._replicas.values() if self.serves(r, model)]
+        serving = [r for r in self._replicas.values() if self.serves(r, model)]
+        role = "prefill" if any(r.role != "unified" for r in serving) else "unified"
+        return [r.state(now) for r in serving if r.role == role]
+
+    def decodes(self, model: str | None) -> list[ReplicaState]:
+        """States of the decode servers that serve ``model``, all at one instant."""
+        now = time.monotonic()
+        return [r.state(now) for r in self._replicas.values() if r.role == "decode" and self.serves(r, model)]
+
+    def role(self, replica_id: ReplicaId) -> Role | None:
+        replica = self._replicas.get(replica_id)
+        return replica.role if replica is not None else None
+
+    def serving(self) -> bool:
+        """Can a request be served now: a healthy unified replica, or a healthy prefill and decode server."""
+        healthy = {r.role for r in self._replicas.values() if r.healthy and r.info is not None}
+        return "unified" in healthy or {"prefill", "decode"} <= healthy
+
+    def idle_unified(self) -> list[ReplicaId]:
+        """Unified replicas of a model that also has prefill/decode servers: never routed (docs/pd.md)."""
+        pd_models = {r.info.served_model for r in self._replicas.values() if r.info and r.role != "unified"}
+        return [
+            r.id
+            for r in self._replicas.values()
+            if r.info and r.role == "unified" and r.info.served_model in pd_models
+        ]
 
     def acquire(self, replica_id: ReplicaId, work: Work) -> Lease:
         changed = self._changed[replica_id]
@@ -174,15 +210,17 @@ class Fleet:
             b.release()
         elif ok:
             b.success()
-        elif b.failure(time.monotonic(), may_trip=self._may_eject()):
+        elif b.failure(time.monotonic(), may_trip=self._may_eject(replica.role)):
             log.warning("replica %s: circuit breaker open after %s (trip %d)", replica_id, reason, b.streak)
             replica.last_error = reason
 
-    def _may_eject(self) -> bool:
-        """Another breaker may open while at most half of the replicas are ejected and one is left."""
+    def _may_eject(self, role: Role) -> bool:
+        """Another breaker may open while at most half of the replicas of ``role`` are ejected and one is
+        left (a PD fleet needs both a prefill and a decode server)."""
         now = time.monotonic()
-        ejected = sum(not r.breaker.admits(now) for r in self._replicas.values())
-        return ejected + 1 <= len(self._replicas) // 2
+        peers = [r for r in self._replicas.values() if r.role == role]
+        ejected = sum(not r.breaker.admits(now) for r in peers)
+        return ejected + 1 <= len(peers) // 2
 
     def mark_unreachable(self, replica_id: ReplicaId, reason: str) -> None:
         replica = self._replicas.get(replica_id)
@@ -199,6 +237,11 @@ class Fleet:
         await asyncio.gather(*(self.check(upstream, r, refresh) for r in list(self._replicas.values())))
         self._health.fleet(sum(r.healthy for r in self._replicas.values()), len(self._replicas))
         self.balance.refresh(self._replicas.values(), time.monotonic())  # health changes no lease reports
+        idle = set(self.idle_unified())
+        for rid in sorted(idle - self._idle):
+            log.warning("replica %s: a unified replica beside prefill/decode servers of its model is not "
+                        "routed (mixed fleets: docs/pd.md)", rid)  # fmt: skip
+        self._idle = idle
 
     async def check(self, upstream: Upstream, replica: Replica, refresh: bool = False) -> None:
         try:
@@ -208,6 +251,8 @@ class Fleet:
             if refresh or replica.info is None or not replica.healthy or replica.info_stale:
                 await self._refresh_info(upstream, replica)
                 replica.info_stale = False
+            if (conflict := replica.role_conflict) is not None:
+                raise UpstreamError(conflict)
         except UpstreamError as e:
             self._failed(replica, e.message)
             return
@@ -228,7 +273,7 @@ class Fleet:
             model_info = {}
         new = parse_replica_info(info, model_info if isinstance(model_info, dict) else {})
         old, replica.info = replica.info, new
-        if old != new:
+        if old != new and replica.role != "decode":  # a decode server runs no radix cache, no HiCache
             for warning in tier_warnings(replica.state()):
                 log.warning("replica %s: %s", replica.id, warning)
         if old is None:

@@ -1,7 +1,8 @@
 """One replica's runtime record and one request's lease on its load.
 
 - ``Replica``: what the fleet knows of one replica (its info from ``/get_server_info``, health, draining,
-  circuit breaker, load) and its routing snapshot (``state``, a ``ReplicaState``) and status document.
+  circuit breaker, load, its role in a prefill/decode fleet: ``proxy/fleet/roles.py``) and its routing
+  snapshot (``state``, a ``ReplicaState``) and status document.
   Its load is reported in work (``proxy/fleet/load.py``) at the instant of the snapshot, queued prefill priced
   at the replica's current learned rate (``pricing``: the gateway passes the router's rate book), with
   other gateways' load on it added (``remote``, ``proxy/sync/state_sync.py``).
@@ -18,6 +19,7 @@ from typing import Any
 
 from proxy.fleet.load import DEFAULT_WINDOW_S, LoadView, ReplicaLoad, TrafficEpoch, Work, combined
 from proxy.fleet.replica_info import ReplicaInfo
+from proxy.fleet.roles import Role, role_of
 from proxy.upstream.breaker import Breaker, BreakerPolicy
 from routing.tiers import tier_warnings
 from routing.types import ReplicaId, ReplicaState
@@ -29,8 +31,8 @@ class Replica:
     """Mutable runtime record of one replica (owned by the Fleet; snapshots are ReplicaState)."""
 
     __slots__ = (
-        "breaker", "draining", "failures", "healthy", "id", "info", "info_stale", "last_error", "load",
-        "pricing", "remote", "running_reserve",
+        "bootstrap_override", "breaker", "declared_role", "draining", "failures", "healthy", "id", "info",
+        "info_stale", "last_error", "load", "pricing", "remote", "running_reserve",
     )  # fmt: skip
 
     def __init__(
@@ -53,6 +55,26 @@ class Replica:
         self.running_reserve = 1.0  # its sglang:new_token_ratio, once scraped (proxy/fleet/load.py)
         self.last_error: str | None = None
         self.breaker = Breaker(breaker)
+        self.declared_role: Role | None = None  # --prefill / --decode (--backend: None)
+        self.bootstrap_override: int | None = None  # --prefill-bootstrap-port for this prefill
+
+    @property
+    def role(self) -> Role:
+        """unified, prefill or decode: what it reports, else what was declared (``proxy/fleet/roles.py``)."""
+        return role_of(self.declared_role, self.info.disaggregation_mode if self.info else None)[0]
+
+    @property
+    def role_conflict(self) -> str | None:
+        """Why its reported mode contradicts its declared role (it is kept out of the pool), or None."""
+        return role_of(self.declared_role, self.info.disaggregation_mode if self.info else None)[1]
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        """A prefill's bootstrap port: the configured one, else the one it reports; None: neither (the
+        decode then uses its own default, as SGLang does with a null port)."""
+        if self.bootstrap_override is not None:
+            return self.bootstrap_override
+        return self.info.bootstrap_port if self.info and self.info.bootstrap_port > 0 else None
 
     @property
     def inflight_requests(self) -> int:
@@ -103,6 +125,8 @@ class Replica:
             "healthy": self.healthy,
             "draining": self.draining,
             "model": i.served_model if i else None,
+            "role": self.role,
+            "bootstrap_port": self.bootstrap_port if self.role == "prefill" else None,
             "inflight_requests": self.inflight_requests,
             "inflight_prefill_tokens": self.load.queued_tokens,
             "inflight_kv_tokens": self.load.held(self.running_reserve),
@@ -115,7 +139,7 @@ class Replica:
             "started_at": i.started_at if i else None,
             "last_error": self.last_error,
             "breaker": self.breaker.status(time.monotonic()),
-            "warnings": list(tier_warnings(self.state())) if i else [],
+            "warnings": list(tier_warnings(self.state())) if i and self.role != "decode" else [],
         }
 
 

@@ -49,6 +49,8 @@ class ReplicaInfo:
     mamba_track_interval: int = 0  # hybrid with extra_buffer: tokens between tracked states; 0 = not reported
     kv_events_config: str = ""  # --kv-events-config as JSON text ("" = none; proxy/sync/kv_subscriber.py)
     in_send_order: bool = True  # prefills start in arrival order: one scheduler, FCFS (see ``in_order``)
+    disaggregation_mode: str | None = None  # PD: null, prefill or decode; None: not reported (fleet/roles.py)
+    bootstrap_port: int = 0  # a prefill's --disaggregation-bootstrap-port as reported, 0 = not reported
 
     @property
     def resume_interval(self) -> int:
@@ -132,7 +134,14 @@ def parse_replica_info(info: Mapping[str, Any], model_info: Mapping[str, Any]) -
         mamba_track_interval=int(_num(info, "mamba_track_interval")),
         kv_events_config=_json_text(info.get("kv_events_config")),
         in_send_order=in_order(info),
+        disaggregation_mode=_mode(info.get("disaggregation_mode")),
+        bootstrap_port=int(_num(info, "disaggregation_bootstrap_port")),
     )
+
+
+def _mode(v: object) -> str | None:
+    """SGLang's ``disaggregation_mode`` (``null`` for an ordinary server); None when it reports none."""
+    return str(v) if isinstance(v, str) and v else None
 
 
 def in_order(info: Mapping[str, Any]) -> bool:

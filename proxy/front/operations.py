@@ -80,8 +80,9 @@ async def health(request: web.Request) -> web.Response:
 
 
 def readiness(app: web.Application) -> tuple[bool, dict[str, Any]]:
-    """What ``/ready`` answers: ready once a replica is healthy and, with ``--state``, the start-up replay
-    of the shared log is done (or gave up after ``proxy.sync.state_sync.START_WAIT_S``); the document."""
+    """What ``/ready`` answers: ready once a replica is healthy (in a prefill/decode fleet: a server of
+    each role) and, with ``--state``, the start-up replay of the shared log is done (or gave up after
+    ``proxy.sync.state_sync.START_WAIT_S``); the document."""
     gw = app[GATEWAY]
     if gw.admission.draining:
         return False, {"status": "draining", "inflight": gw.admission.inflight}
@@ -89,13 +90,14 @@ def readiness(app: web.Application) -> tuple[bool, dict[str, Any]]:
     healthy = sum(1 for r in replicas if r.healthy and r.info is not None)
     sync = app.get(STATE_SYNC)
     replaying = sync is not None and not sync.ready.is_set()
+    ok = healthy and gw.fleet.serving() and not replaying
     doc = {
-        "status": "ready" if healthy and not replaying else "not ready",
+        "status": "ready" if ok else "not ready",
         "healthy_replicas": healthy,
         "replicas": len(replicas),
         **({"state": "replaying the shared log"} if replaying else {}),
     }
-    return bool(healthy and not replaying), doc
+    return bool(ok), doc
 
 
 def awaited(app: web.Application) -> str | None:
@@ -104,7 +106,7 @@ def awaited(app: web.Application) -> str | None:
     from ``POST /admin/replicas`` later, and ``/ready`` answers 503 until one of them is healthy)."""
     st = app[GATEWAY].settings
     ok, doc = readiness(app)
-    if ok or not (st.backends or st.discover):
+    if ok or not (st.backends or st.discover or st.prefill or st.decode):
         return None
     if doc["healthy_replicas"] and doc.get("state"):
         return "the replay of the shared state log"

@@ -4,10 +4,10 @@
 ``redis+sentinel://``) Redis, shared by every gateway of the fleet (``proxy.answers.store.RedisStore``,
 strict: an unreachable Redis is a 503 ``state_unavailable``, never a wrong 404); with ``--workers N`` and
 no ``--state``, the supervisor's hub on the local channel (``proxy.sync.local_store.LocalAnswers``,
-strict too), shared by the workers; otherwise this process (``proxy.answers.store.MemoryStore``: least recently used first out, past ``responses_max_bytes`` or
-``responses_max_entries``). Every entry lives ``responses_ttl`` seconds from its last write, and the
-responses of a chain are renewed each time it is continued. No single entry is larger than
-``responses_max_bytes``.
+strict too), shared by the workers; otherwise this process (``proxy.answers.store.MemoryStore``: least
+recently used first out, past ``responses_max_bytes`` or ``responses_max_entries``). Every entry lives
+``responses_ttl`` seconds from its last write, and the responses of a chain are renewed each time it is
+continued. No single entry is larger than ``responses_max_bytes``.
 
 **Keys**: ``kvroute:{NS}:responses:<owner>:resp:<id>`` and ``...:conv:<id>`` (NS: ``--state-namespace``,
 one cluster slot), ``<owner>`` the first 16 hex digits of the SHA-256 of the owner: the caller's

@@ -142,7 +142,7 @@ class KvSubscriber:
 
     # ---- internals ----------------------------------------------------------------------------------
     def _config_text(self, r: Replica) -> str:
-        if not self._wanted() or r.info is None:
+        if not self._wanted() or r.info is None or r.role == "decode":  # a decode keeps no prefix cache
             return ""
         text = r.info.kv_events_config
         return text if publisher_config(text) is not None else ""

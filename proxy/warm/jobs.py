@@ -17,7 +17,9 @@ replica where a step is running preempts it: the step is aborted (``POST /abort_
 so the live request waits for the prefill chunk in progress at most; the engine keeps the chunks it had
 computed (SGLang's ``cache_unfinished_req``), and the step is sent again once the replica is quiet. Each
 step holds a load lease like any request, so live routing sees it as queued work, and its ticket records
-the prefix in the cache model (live requests that start with it route to it).
+the prefix in the cache model (live requests that start with it route to it). In a prefill/decode
+fleet documents are warmed on prefill servers only (the fleet's snapshot is theirs), each step with
+SGLang's fake transfer (``proxy/fleet/roles.py``): a prefill computes it with no decode server.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import uuid
 from proxy.context import Gateway
 from proxy.errors import UpstreamError
 from proxy.fleet.load import Work
+from proxy.fleet.roles import FAKE_BOOTSTRAP, with_fields
 from proxy.types import Usage
 from proxy.upstream.relay import body_usage
 from proxy.warm.documents import Document, Step
@@ -177,7 +180,10 @@ class WarmJobs(WarmRegistry):
         rid = step.parsed.rid or ""
         self._running[replica] = rid
         try:
-            status, body = await gw.up.call(replica, "POST", step.path, STEP_TIMEOUT_S, data=step.body)
+            data = step.body
+            if gw.fleet.role(replica) == "prefill":  # no decode: SGLang's fake transfer (fleet/roles.py)
+                data = with_fields(data, {}, FAKE_BOOTSTRAP)
+            status, body = await gw.up.call(replica, "POST", step.path, STEP_TIMEOUT_S, data=data)
             if rid in self._preempted:
                 return None
             if status >= 400:

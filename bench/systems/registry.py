@@ -12,6 +12,7 @@ the system unavailable (`bench.systems.procs.NotReady`, with the log's tail).
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -63,11 +64,20 @@ def default_systems() -> tuple[System, ...]:
     return (*kv, *sg, client, oracle)
 
 
+def named_only() -> tuple[System, ...]:
+    """Systems run only when named: kvroute's default policy as N ``--workers`` processes on one port."""
+    return tuple(
+        dataclasses.replace(kvroute("cost", "--workers", str(n)), name=f"kvroute-cost-workers{n}")
+        for n in (2, 4)
+    )
+
+
 def select(names: Sequence[str]) -> tuple[System, ...]:
-    """Systems by exact name or by prefix group ('kvroute', 'sglang'); empty means all."""
-    systems = default_systems()
+    """Systems by exact name or by prefix group ('kvroute', 'sglang'); empty means all the defaults
+    (``named_only`` ones run when named exactly)."""
     if not names:
-        return systems
+        return default_systems()
+    systems = (*default_systems(), *(s for s in named_only() if s.name in names))
     chosen = [s for s in systems if any(s.name == n or s.name.startswith(n + "-") for n in names)]
     unknown = [n for n in names if not any(s.name == n or s.name.startswith(n + "-") for s in systems)]
     if unknown:

@@ -50,8 +50,11 @@ class WarmDoc:
 
     @property
     def tokens(self) -> int:
-        """The replica's own count once one reported it; before, the estimate: exact with the gateway's
-        tokenizer (``--tokenizer-path``), else from the bytes per token the router has learned."""
+        """Exact with the gateway's tokenizer (``--tokenizer-path``: the ids the replica keys its cache by);
+        else the replica's own count once one reported it; before that, the estimate from the bytes per
+        token the router has learned."""
+        if self.routing.exact_keys:
+            return self.routing.prompt_tokens
         return self.reported_tokens or self.routing.prompt_tokens
 
 

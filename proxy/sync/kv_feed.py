@@ -22,7 +22,8 @@ replica's at once instead of when the replica next publishes; live batches that 
 covered are then duplicates. The buffer holds the last ``buffer_steps`` batches (SGLang: 10000): a
 replica that published more has its history from ``stats.history_from`` only. ``new_epoch`` (the
 restart owner, when the replica's start time changed before the feed saw a new sequence) makes the next
-batch the first of a new publisher: the tracker forgets its last seq and replays from 0.
+batch the first of a new publisher: the tracker forgets its last seq, and the new publisher's buffer is
+replayed from 0 at once (its first batches, sent before the SUB reconnected, are never seen live).
 
 Batches go to ``Router.apply_kv_events`` on the event loop (the Router is synchronous): its cost is
 measured (``apply_s``). A large message is decoded in a thread first (``decode_off_loop``). Undecodable
@@ -124,6 +125,7 @@ class KvFeed:
         self._apply = apply
         self._reset = reset
         self._epoch = False
+        self._epoch_replay: asyncio.Task[None] | None = None
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
@@ -135,8 +137,17 @@ class KvFeed:
             raise
 
     def new_epoch(self) -> None:
-        """The replica is a new process: its next batch starts a new sequence (module docstring)."""
+        """The replica is a new process: its next batch starts a new sequence (module docstring), and
+        its batches are replayed from 0 now: those it sent before this SUB reconnected were lost, and an
+        idle replica may send no other."""
         self._epoch = True
+        if self.replay_endpoint:
+            self._epoch_replay = asyncio.get_running_loop().create_task(self._replay_epoch())
+
+    async def _replay_epoch(self) -> None:
+        if self._epoch:  # else a live batch came first and began the new sequence
+            self._epoch, self.seq.last, self.seq.replayed_to = False, None, None
+            await self.catch_up()
 
     async def run(self) -> None:
         """Follows the connection; catches up from the replay endpoint, then reads and applies batches
@@ -196,6 +207,8 @@ class KvFeed:
         self.seq.replayed_to = self.seq.last
 
     def close(self) -> None:
+        if self._epoch_replay is not None:
+            self._epoch_replay.cancel()
         self.link.close()
         self._sub.close(linger=0)
 

@@ -191,6 +191,42 @@ async def test_a_skipped_seq_without_replay_resets_and_a_late_join_does_not() ->
     assert (feed.stats.gaps, feed.stats.resets, feed.stats.lag_s) == (1, 2, 2.0)
 
 
+async def test_a_new_epoch_replays_the_new_publisher_without_waiting_for_a_live_batch() -> None:
+    """The start time says the replica is a new process, whose first batches went out before the SUB
+    reconnected: they are replayed from 0 at once, not when (if ever) an idle replica publishes again."""
+    ctx = zmq.asyncio.Context()
+    applied: list[int] = []
+    feed = KvFeed(
+        ctx,
+        "r",
+        f"tcp://127.0.0.1:{free_port()}",
+        True,
+        "tcp://127.0.0.1:1",
+        "",
+        lambda b: applied.append(b.seq),
+        print,
+    )
+    asked: list[int] = []
+
+    async def replay(start: int, upto: int | None) -> list[EventBatch]:
+        asked.append(start)
+        return [EventBatch(seq, b"", 1.0, (), 0, "new") for seq in (0, 1)]
+
+    feed._replay = replay  # type: ignore[method-assign]  # the new process's ROUTER: seq 0 and 1 buffered
+    try:
+        for seq in range(6):
+            await feed.accept(EventBatch(seq, b"", 1.0, (), 0, "old"), 1.0)
+        feed.new_epoch()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert (applied, asked, feed.stats.resets) == ([0, 1, 2, 3, 4, 5, 0, 1], [0], 0)
+        await feed.accept(EventBatch(1, b"", 1.0, (), 0, "new"), 1.0)  # the live copy of a replayed batch
+        assert feed.stats.duplicates == 1 and feed.seq.last == 1
+    finally:
+        feed.close()
+        ctx.term()
+
+
 def test_a_wildcard_endpoint_means_the_replicas_host() -> None:
     assert connect_endpoint("tcp://*:5557", "http://10.0.0.7:30000") == "tcp://10.0.0.7:5557"
     assert connect_endpoint("tcp://0.0.0.0:5557", "http://[fd00::1]:30000/") == "tcp://[fd00::1]:5557"

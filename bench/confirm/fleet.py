@@ -33,10 +33,11 @@ def replica_flags(
     spec: ReplicaSpec, profile: str, seed: int, page_size: int, max_running: int, scale: float
 ) -> list[str]:
     """The launch flags of a replica of ``spec`` (module docstring), ports aside."""
-    hicache = ["--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
-               "--hicache-ratio", f"{spec.host_ratio:g}"] if spec.hicache else []  # fmt: skip
+    hicache = (
+        ["--enable-hierarchical-cache", "--hicache-ratio", f"{spec.host_ratio:g}"] if spec.hicache else []
+    )
     return [
-        "--emu-profile", profile, *hicache,
+        "--emu-profile", profile, *hicache, "--hicache-write-policy", "write_back",
         "--max-total-tokens", str(spec.gpu_tokens),
         "--page-size", str(page_size),
         "--max-running-requests", str(max_running),

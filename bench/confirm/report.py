@@ -84,7 +84,7 @@ def _idle(row: dict[str, Any]) -> str:
 
 
 def _notes(rows: Sequence[dict[str, Any]]) -> list[str]:
-    out = [f"- seed {r['seed']}: {r['description']}" for r in rows]
+    out = [f"- {r['description']}" for r in rows]
     for r in rows:
         out += [f"- seed {r['seed']}: {note}" for note in r.get("notes", [])]
         if not r["ranked_alike"]:

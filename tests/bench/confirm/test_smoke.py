@@ -14,8 +14,11 @@ from bench.workloads.shapes import CHAT, chat
 
 
 def _tiny() -> Scenario:
-    replicas = (ReplicaSpec(replica_name(0), 1.0, 16_000, 2.0), ReplicaSpec(replica_name(1), 0.5, 16_000, 0.0),
-                ReplicaSpec(replica_name(2), 1.0, 16_000, 2.0, at_start=False))  # fmt: skip
+    replicas = (
+        ReplicaSpec(replica_name(0), 1.0, 16_000, 2.0),
+        ReplicaSpec(replica_name(1), 0.5, 16_000, 0.0),
+        ReplicaSpec(replica_name(2), 1.0, 16_000, 2.0, at_start=False),
+    )
     changes = (FleetChange(0.5, "add", replica_name(2)), FleetChange(1.0, "remove", replica_name(1)))
     bodies = [
         chat([{"role": "user", "content": f"Question {i} about the manual, briefly."}], 8) for i in range(20)

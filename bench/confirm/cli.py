@@ -26,7 +26,7 @@ from bench.confirm.comparison import Figures, scenario_row, set_summary
 from bench.confirm.report import headline, write_reports
 from bench.confirm.routers import DEFAULT_REAL_SYSTEMS, REAL_NAMES
 from bench.confirm.trial import RealRun, run_trial
-from bench.confirm.workload import WALL_TARGET_S, time_scale, translate
+from bench.confirm.workload import WALL_TARGET_S, RealWorkload, time_scale, translate
 from bench.sim.jobs import make_jobs
 from bench.sim.results import RunResult
 from bench.sim.runner import ScenarioResult, run_scenario
@@ -35,6 +35,7 @@ from bench.systems.procs import NotReady
 
 DEFAULT_OUT = Path("/tmp/kvroute-sim")
 MAX_SCENARIO_S = 300.0
+BUSY_RATE = 30.0  # requests per wall second above which the machine's own CPU may weigh on the figures
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,8 +89,17 @@ def _real_figures(run: RealRun) -> Figures:
     return Figures(run.mean_ttft, run.p99_ttft, run.errors, run.idle_while_queued_s)
 
 
-def _notes(runs: list[RealRun], scale: float, expected_s: float, cap_s: float) -> list[str]:
-    notes = [f"time scale {scale:g} wall s per modelled s"]
+def _rate(w: RealWorkload) -> float:
+    """Open-loop arrivals per wall second over their span."""
+    arrivals = [r.arrival_s for r in w.requests if r.after is None]
+    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+    return len(arrivals) / span if span > 0 else 0.0
+
+
+def _notes(runs: list[RealRun], w: RealWorkload, expected_s: float, cap_s: float) -> list[str]:
+    notes = [f"time scale {w.scale:g} wall s per modelled s; arrivals {_rate(w):.0f}/wall s"]
+    if _rate(w) > BUSY_RATE:
+        notes.append(f"arrivals above {BUSY_RATE:.0f}/wall s: the machine's CPU may weigh on the real TTFTs")
     if expected_s > cap_s:
         notes.append(f"expected {expected_s:.0f} wall s per system, over the cap {cap_s:.0f} s: cut short")
     for r in runs:
@@ -116,7 +126,7 @@ def run_one(
     done = [r for r in runs if r is not None]
     real = {r.system: _real_figures(r) for r in done}
     head = {"seed": seed, "description": sim.description, "scale": scale, "wall_s": time.monotonic() - t0}
-    head["notes"] = _notes(done, scale, expected, cap) + [
+    head["notes"] = _notes(done, workload, expected, cap) + [
         f"{n}: did not start" for n, r in zip(systems, runs, strict=True) if r is None
     ]
     return scenario_row(head, real, _sims(sim))

@@ -26,7 +26,7 @@ from bench.sim.spec import FleetChange, Scenario, SimRequest
 from bench.workloads.shapes import TimedRequest
 
 WALL_TARGET_S = 40.0  # wall seconds one system's run should take, roughly
-MIN_SCALE, MAX_SCALE = 0.25, 2.0
+MIN_SCALE, MAX_SCALE = 0.1, 2.0
 
 
 def time_scale(sim_end_s: float, target_s: float = WALL_TARGET_S) -> float:

@@ -5,6 +5,7 @@
     kvroute bench rag hot --load 0.3,0.9 --profile h200 --seeds 1,2 --systems kvroute-cost,oracle
     kvroute bench rag --quick         # small and fast; writes under a temporary directory
     kvroute bench sim --scenarios 10  # the fleet simulator in virtual time (bench/sim/cli.py)
+    kvroute bench sim --real --seed 1003  # the simulator confirmed on real runs (bench/confirm/cli.py)
     kvroute bench overhead            # the gateway's own cost vs direct and sglang-router (bench/overhead)
 
 For each point, workload, seed and system: build the workload (seeded) and rescale its arrivals to the
@@ -130,6 +131,10 @@ def parse(argv: Sequence[str]) -> BenchConfig:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["sim"] and "--real" in argv:
+        from bench.confirm.cli import main as confirm_main
+
+        return confirm_main([x for x in argv[1:] if x != "--real"])
     if argv[:1] == ["sim"]:
         from bench.sim.cli import main as sim_main
 

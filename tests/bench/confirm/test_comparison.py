@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bench.confirm.comparison import Figures, kvroute_ratio, ranking, scenario_row, set_summary, within
-from bench.confirm.report import markdown
+from bench.confirm.report import markdown, system_table
 from bench.confirm.routers import metric_sum
 
 
@@ -65,3 +65,18 @@ def test_metric_sum_adds_every_sample_of_the_counter() -> None:
     )
     assert metric_sum(text, "kvroute_replica_idle_while_queued_seconds_total") == 3.5
     assert metric_sum("", "kvroute_replica_idle_while_queued_seconds_total") is None
+
+
+def test_each_systems_real_over_simulated_mean_is_summed_up_per_system() -> None:
+    def row(real: dict[str, float], sim: dict[str, float]) -> dict[str, object]:
+        return {
+            "real": {k: {"mean_s": v} for k, v in real.items()},
+            "sim": {k: {"mean_s": v} for k, v in sim.items()},
+        }
+
+    rows = [row({"cost": 2.0, "round_robin": 1.0}, {"cost": 1.0, "round_robin": 1.05}),
+            row({"cost": 0.5, "round_robin": 3.0}, {"cost": 1.0, "round_robin": 3.0})]  # fmt: skip
+    assert system_table(rows, ["cost", "round_robin"])[2:] == [
+        "| cost | 1.00 | 0.50-2.00 | 0/2 |",
+        "| round_robin | 0.98 | 0.95-1.00 | 2/2 |",
+    ]

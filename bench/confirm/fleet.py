@@ -16,7 +16,6 @@ empty caches) and only announced to the router at their time (``bench.confirm.ro
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
@@ -25,6 +24,7 @@ import aiohttp
 
 from bench.sim.spec import ReplicaSpec, Scenario
 from bench.systems.fleet import EmulatorFleet
+from bench.systems.procs import ProcessGroup
 
 FLAG_TIMEOUT_S = 5.0
 
@@ -62,13 +62,13 @@ def groups(scenario: Scenario, scale: float) -> list[tuple[list[str], list[Repli
     return [(list(flags), specs) for flags, specs in out.items()]
 
 
-class ScenarioFleet:
+class ScenarioFleet(ProcessGroup):
     """Every replica of a scenario (joiners too) running, each at its speed; ``urls`` by spec name."""
 
     def __init__(self, scenario: Scenario, scale: float, logs: Path) -> None:
+        super().__init__()
         self._groups = groups(scenario, scale)
         self._logs = logs
-        self._procs: list[EmulatorFleet] = []
         self.urls: dict[str, str] = {}
         self._specs = {r.name: r for r in scenario.replicas}
 
@@ -83,14 +83,6 @@ class ScenarioFleet:
             await self.close()
             raise
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        procs, self._procs = self._procs, []
-        for proc in procs:
-            await asyncio.to_thread(proc.close)
 
     def urls_of(self, names: Sequence[str]) -> list[str]:
         return [self.urls[n] for n in names]

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, Self
 
 import aiohttp
 
-from bench.systems.procs import ManagedProcess, free_ports, replica_id
+from bench.systems.procs import ManagedProcess, ProcessGroup, free_ports, replica_id
 from bench.systems.registry import kvroute, system_process
 from bench.workloads.generators import TimedRequest
 
@@ -66,10 +66,11 @@ class Restart:
     state: dict[str, Any]  # its /status "state" section when it was declared ready again
 
 
-class GatewayPool:
+class GatewayPool(ProcessGroup):
     """n kvroute gateways and the client's round robin over those that are up (module docstring)."""
 
     def __init__(self, n: int, backends: Sequence[str], logs: Path, state: StateStore | None = None) -> None:
+        super().__init__()
         flags = ("--state", state.url, "--state-namespace", state.namespace) if state else ()
         # /status stays open: the bench's own readiness checks read it, on loopback
         self._system = kvroute("cost", *flags, "--admin-key", ADMIN_KEY, "--public-status", "true")
@@ -77,7 +78,6 @@ class GatewayPool:
         self._logs = logs
         self.ports = free_ports(n)
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
-        self._procs: list[ManagedProcess] = []
         self._up = [False] * n
         self._generation = [0] * n
         self._turn = 0
@@ -98,14 +98,6 @@ class GatewayPool:
             await self.close()
             raise
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        procs, self._procs = self._procs, []
-        for proc in procs:
-            await asyncio.to_thread(proc.close)
 
     def choose(self, req: TimedRequest) -> str:
         """The next gateway in turn that is up (round robin); logs the pick."""

@@ -201,6 +201,23 @@ class ManagedProcess:
         await asyncio.to_thread(self.close)
 
 
+class ProcessGroup:
+    """Processes started together (``_procs``, in order) and closed together, by PID, in a thread each:
+    an async context manager whose ``__aenter__`` the subclass writes (closing what it started if a
+    start fails)."""
+
+    def __init__(self) -> None:
+        self._procs: list[ManagedProcess] = []
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        procs, self._procs = self._procs, []
+        for proc in procs:
+            await asyncio.to_thread(proc.close)
+
+
 def replica_id(value: str) -> str:
     """Normalise 'http://host:port/' and 'host:port' to 'host:port'."""
     return value.split("://", 1)[-1].rstrip("/")

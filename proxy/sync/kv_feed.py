@@ -23,7 +23,9 @@ covered are then duplicates. The buffer holds the last ``buffer_steps`` batches 
 replica that published more has its history from ``stats.history_from`` only. ``new_epoch`` (the
 restart owner, when the replica's start time changed before the feed saw a new sequence) makes the next
 batch the first of a new publisher: the tracker forgets its last seq, and the new publisher's buffer is
-replayed from 0 at once (its first batches, sent before the SUB reconnected, are never seen live).
+replayed from 0 at once and read again ``LOOK_AGAIN_S`` later, as it is after any reconnect: batches
+sent while the SUB was away, or before its subscription reached the publisher (ZMQ's slow joiner), are
+never seen live, and an idle replica sends no later batch that would show the gap.
 
 Batches go to ``Router.apply_kv_events`` on the event loop (the Router is synchronous): its cost is
 measured (``apply_s``). A large message is decoded in a thread first (``decode_off_loop``). Undecodable
@@ -36,8 +38,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -49,6 +52,7 @@ from routing.types import ReplicaId
 
 log = logging.getLogger("kvroute.kv_events")
 REPLAY_TIMEOUT_S = 2.0
+LOOK_AGAIN_S = 1.0  # after a reconnect or a new epoch, the buffer is read once more this much later
 THREAD_BYTES = 64 << 10  # a message this large is decoded in a thread (a 40K-token store: ~370 KB, ~18 ms)
 
 
@@ -125,11 +129,12 @@ class KvFeed:
         self._apply = apply
         self._reset = reset
         self._epoch = False
-        self._epoch_replay: asyncio.Task[None] | None = None
+        self._replays: set[asyncio.Task[None]] = set()
+        self._on_reconnect = on_reconnect or _nothing
         self._sub = ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
-        self.link = Link(self._sub, on_reconnect or _nothing)  # the connection (proxy/sync/kv_link.py)
+        self.link = Link(self._sub, self._reconnected)  # the connection (proxy/sync/kv_link.py)
         try:
             (self._sub.bind if bind else self._sub.connect)(endpoint)
         except zmq.ZMQError:
@@ -138,16 +143,35 @@ class KvFeed:
 
     def new_epoch(self) -> None:
         """The replica is a new process: its next batch starts a new sequence (module docstring), and
-        its batches are replayed from 0 now: those it sent before this SUB reconnected were lost, and an
-        idle replica may send no other."""
+        its batches are replayed from 0 now and once more ``LOOK_AGAIN_S`` later: those it sends before
+        this SUB is subscribed again are lost to it (ZMQ's slow joiner), and an idle replica may send no
+        other."""
         self._epoch = True
-        if self.replay_endpoint:
-            self._epoch_replay = asyncio.get_running_loop().create_task(self._replay_epoch())
+        self._in_background(self._replay_epoch())
+
+    def _reconnected(self) -> None:
+        """The publisher is back (the same process after a network cut, or a new one): what it sent
+        while the SUB was away is read from its buffer ``LOOK_AGAIN_S`` later."""
+        self._on_reconnect()
+        self._in_background(self._look_again())
+
+    def _in_background(self, replay: Coroutine[Any, Any, None]) -> None:
+        if not self.replay_endpoint:
+            replay.close()
+            return
+        task = asyncio.get_running_loop().create_task(replay)
+        self._replays.add(task)
+        task.add_done_callback(self._replays.discard)
 
     async def _replay_epoch(self) -> None:
         if self._epoch:  # else a live batch came first and began the new sequence
             self._epoch, self.seq.last, self.seq.replayed_to = False, None, None
             await self.catch_up()
+        await self._look_again()
+
+    async def _look_again(self) -> None:
+        await asyncio.sleep(LOOK_AGAIN_S)
+        await self.catch_up()
 
     async def run(self) -> None:
         """Follows the connection; catches up from the replay endpoint, then reads and applies batches
@@ -207,8 +231,8 @@ class KvFeed:
         self.seq.replayed_to = self.seq.last
 
     def close(self) -> None:
-        if self._epoch_replay is not None:
-            self._epoch_replay.cancel()
+        for task in self._replays:
+            task.cancel()
         self.link.close()
         self._sub.close(linger=0)
 

@@ -227,6 +227,32 @@ async def test_a_new_epoch_replays_the_new_publisher_without_waiting_for_a_live_
         ctx.term()
 
 
+async def test_after_a_reconnect_the_buffer_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches published while the SUB was away (or before its subscription reached the publisher) are
+    replayed from the one after the last applied, without waiting for a live batch to show the gap."""
+    monkeypatch.setattr(kv_feed, "LOOK_AGAIN_S", 0.0)
+    ctx = zmq.asyncio.Context()
+    applied: list[int] = []
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    feed = KvFeed(ctx, "r", endpoint, True, "tcp://127.0.0.1:1", "", lambda b: applied.append(b.seq), print)
+    asked: list[int] = []
+
+    async def replay(start: int, upto: int | None) -> list[EventBatch]:
+        asked.append(start)
+        return [EventBatch(seq, b"", 1.0, (), 0, "missed") for seq in (3, 4) if seq >= start]
+
+    feed._replay = replay  # type: ignore[method-assign]
+    try:
+        for seq in range(3):
+            await feed.accept(EventBatch(seq, b"", 1.0, (), 0, "live"), 1.0)
+        feed._reconnected()
+        await wait_for(lambda: applied == [0, 1, 2, 3, 4], 1.0)
+        assert asked == [3] and feed.stats.resets == 0
+    finally:
+        feed.close()
+        ctx.term()
+
+
 def test_a_wildcard_endpoint_means_the_replicas_host() -> None:
     assert connect_endpoint("tcp://*:5557", "http://10.0.0.7:30000") == "tcp://10.0.0.7:5557"
     assert connect_endpoint("tcp://0.0.0.0:5557", "http://[fd00::1]:30000/") == "tcp://[fd00::1]:5557"

@@ -2,8 +2,8 @@
 
 ``KvFeed.run`` reads ``[topic, seq, payload]`` messages (``proxy/sync/kv_wire.py``) from the replica's PUB
 endpoint, subscribed to the config's ``topic`` (the SUB connects to a PUB that binds, and binds the
-address a connecting PUB names, ``publisher_binds``). ``SeqTracker`` classifies each batch's seq against the
-last one applied:
+address a connecting PUB names: ``proxy.sync.kv_link.publisher_binds``). ``SeqTracker`` classifies each
+batch's seq against the last one applied:
 
 - ``next`` (last + 1), or ``first`` (nothing applied yet): applied;
 - ``gap`` (beyond last + 1; a first seq > 0 is a gap from 0, a SUB that joined late): the missing
@@ -294,30 +294,6 @@ async def decode_off_loop(frames: list[bytes]) -> EventBatch:
     if sum(map(len, frames)) < THREAD_BYTES:
         return decode_message(frames)
     return await asyncio.to_thread(decode_message, frames)
-
-
-def publisher_binds(endpoint: str) -> bool:
-    """SGLang's rule: its PUB binds a wildcard address or a local transport (the subscriber connects),
-    else it connects (the subscriber binds that address)."""
-    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
-
-
-def connect_endpoint(endpoint: str, replica_url: str) -> str:
-    """The address a subscriber uses: a wildcard host (``*``, ``0.0.0.0``, ``[::]``) in a ``tcp://``
-    endpoint means the replica's own host; any other endpoint is used as it is."""
-    if not endpoint.startswith("tcp://"):
-        return endpoint
-    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
-    if host in ("*", "0.0.0.0", "[::]", "::", ""):
-        host = _url_host(replica_url)
-    return f"tcp://{host}{sep}{port}"
-
-
-def _url_host(url: str) -> str:
-    rest = url.split("://", 1)[-1].split("/", 1)[0]
-    if rest.startswith("["):
-        return rest[: rest.index("]") + 1]
-    return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
 async def stop(feed: KvFeed, task: asyncio.Task[None]) -> None:

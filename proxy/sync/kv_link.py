@@ -13,7 +13,8 @@ monitor events and keeps:
   the restart owner decides (``proxy/fleet/restarts.py``).
 
 A SUB that binds (the replica's PUB connects to it) sees ``accepted`` where one that connects sees
-``connected``; both mean a peer.
+``connected``; both mean a peer. Which of the two a feed is: ``publisher_binds`` (SGLang's rule), and
+the address it uses: ``connect_endpoint``.
 """
 
 from __future__ import annotations
@@ -64,3 +65,27 @@ async def follow(link: Link) -> None:
     """``link.run`` as a task body that ends quietly when cancelled or when its socket closes."""
     with contextlib.suppress(asyncio.CancelledError, zmq.ZMQError):
         await link.run()
+
+
+def publisher_binds(endpoint: str) -> bool:
+    """SGLang's rule: its PUB binds a wildcard address or a local transport (the subscriber connects),
+    else it connects (the subscriber binds that address)."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def connect_endpoint(endpoint: str, replica_url: str) -> str:
+    """The address a subscriber uses: a wildcard host (``*``, ``0.0.0.0``, ``[::]``) in a ``tcp://``
+    endpoint means the replica's own host; any other endpoint is used as it is."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, sep, port = endpoint[len("tcp://") :].rpartition(":")
+    if host in ("*", "0.0.0.0", "[::]", "::", ""):
+        host = _url_host(replica_url)
+    return f"tcp://{host}{sep}{port}"
+
+
+def _url_host(url: str) -> str:
+    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):
+        return rest[: rest.index("]") + 1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest

@@ -3,7 +3,7 @@
 With ``--kv-events auto`` (the default) and a tokenizer (``--tokenizer-path``), or with ``on``, every
 replica whose ``/get_server_info`` reports a
 ``kv_events_config`` with publisher ``zmq`` gets a SUB on its endpoint (a wildcard host means the
-replica's own host, ``proxy.sync.kv_feed.connect_endpoint``), and its batches go to
+replica's own host, ``proxy.sync.kv_link.connect_endpoint``), and its batches go to
 ``Router.apply_kv_events``: the replica's cache model runs in exact mode (``routing.exact``). The set
 of subscriptions follows the fleet every ``RECONCILE_S``: a new replica (or a changed config) is
 subscribed, a replica removed from the fleet has its sockets closed. ``--kv-events off`` subscribes to
@@ -43,7 +43,8 @@ from aiohttp import web
 from proxy.context import GATEWAY, Gateway
 from proxy.fleet.replica import Replica
 from proxy.sync.knowledge import KnowledgeCollector, KnowledgeWatch
-from proxy.sync.kv_feed import KvFeed, connect_endpoint, publisher_binds, stop
+from proxy.sync.kv_feed import KvFeed, stop
+from proxy.sync.kv_link import connect_endpoint, publisher_binds
 from routing.kv_events import EventBatch
 from routing.types import ReplicaId
 

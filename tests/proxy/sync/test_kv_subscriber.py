@@ -21,7 +21,8 @@ import zmq
 import zmq.asyncio
 
 from proxy.sync import kv_feed
-from proxy.sync.kv_feed import KvFeed, SeqTracker, connect_endpoint
+from proxy.sync.kv_feed import KvFeed, SeqTracker
+from proxy.sync.kv_link import connect_endpoint
 from proxy.sync.kv_subscriber import KV_SUBSCRIBER
 from proxy.sync.kv_wire import decode_message
 from routing.kv_events import BlockStored, EventBatch

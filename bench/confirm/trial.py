@@ -25,18 +25,17 @@ from bench.confirm.fleet import ScenarioFleet
 from bench.confirm.routers import Membership, idle_while_queued, real_system
 from bench.confirm.workload import RealWorkload
 from bench.runs.replay import Record, send_one
-from bench.sim.results import mean, quantile
+from bench.sim.results import TtftFigures
 from bench.sim.spec import FleetChange, Scenario
 from bench.systems.procs import free_ports
 from bench.systems.registry import system_process
 from bench.workloads.shapes import TimedRequest
 
-P99 = 0.99
 REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
-class RealRun:
+class RealRun(TtftFigures):
     system: str
     ttfts: tuple[float, ...]  # modelled seconds, requests that got a first token
     errors: int
@@ -44,14 +43,6 @@ class RealRun:
     change_errors: tuple[str, ...]
     wall_s: float
     first_error: str = ""
-
-    @property
-    def mean_ttft(self) -> float:
-        return mean(self.ttfts)
-
-    @property
-    def p99_ttft(self) -> float:
-        return quantile(self.ttfts, P99)
 
 
 class Driver:

@@ -15,9 +15,29 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 P99 = 0.99
+
+
+class HasTtfts(Protocol):
+    @property
+    def ttfts(self) -> Sequence[float]: ...
+
+
+class TtftFigures:
+    """The mean and p99 of a run's ``ttfts`` (the requests that got a first token): one place for the
+    simulated runs here and the real ones (``bench.confirm.trial``)."""
+
+    __slots__ = ()
+
+    @property
+    def mean_ttft(self: HasTtfts) -> float:
+        return mean(self.ttfts)
+
+    @property
+    def p99_ttft(self: HasTtfts) -> float:
+        return quantile(self.ttfts, P99)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +64,7 @@ class ReplicaResult:
 
 
 @dataclass(frozen=True, slots=True)
-class RunResult:
+class RunResult(TtftFigures):
     system: str
     requests: tuple[RequestResult, ...]
     replicas: tuple[ReplicaResult, ...]
@@ -57,14 +77,6 @@ class RunResult:
     @property
     def errors(self) -> int:
         return sum(r.ttft_s is None for r in self.requests)
-
-    @property
-    def mean_ttft(self) -> float:
-        return mean(self.ttfts)
-
-    @property
-    def p99_ttft(self) -> float:
-        return quantile(self.ttfts, P99)
 
     @property
     def idle_while_queued_s(self) -> float:

@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import aiohttp
@@ -105,16 +106,25 @@ class Recorder:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[str]:
         """Serves the recorder on a free loopback port; yields its base URL."""
-        runner = web.AppRunner(self.app, access_log=None)
-        await runner.setup()
         self._session = aiohttp.ClientSession(auto_decompress=False)
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+            async with serve_loopback(self.app) as url:
+                yield url
         finally:
-            await runner.cleanup()
             await self._session.close()
+
+
+@asynccontextmanager
+async def serve_loopback(app: web.Application, **runner: Any) -> AsyncIterator[str]:
+    """``app`` on a free loopback port (``runner``: more ``web.AppRunner`` options); yields its base URL."""
+    served = web.AppRunner(app, access_log=None, **runner)
+    await served.setup()
+    try:
+        site = web.TCPSite(served, "127.0.0.1", 0)
+        await site.start()
+        yield f"http://127.0.0.1:{served.addresses[0][1]}"
+    finally:
+        await served.cleanup()
 
 
 async def raw_request(

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from tests.proxy.recorder import POLLED
+from tests.proxy.recorder import POLLED, serve_loopback
 
 KEPT = ("content-type", "x-emu-replica")
 
@@ -66,13 +66,9 @@ class Tap:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[str]:
-        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
         self._session = aiohttp.ClientSession(auto_decompress=False)
         try:
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+            async with serve_loopback(self.app, handler_cancellation=True, shutdown_timeout=0.5) as url:
+                yield url
         finally:
-            await runner.cleanup()
             await self._session.close()

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from proxy.types import JSONObject
 MAX_CHAIN = 1000  # responses in one chain
 REDIS_TIMEOUT_S = 1.0
 T = TypeVar("T")
+S = TypeVar("S")
 
 
 class StateUnavailable(GatewayError):
@@ -85,11 +86,7 @@ class Record:
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> Record | None:
-        doc = _doc(raw)
-        try:
-            return cls(**doc) if doc is not None and isinstance(doc.get("response"), dict) else None
-        except TypeError:  # another layout
-            return None
+        return _stored(cls, raw, "response", dict)
 
 
 @dataclass(slots=True)
@@ -112,11 +109,17 @@ class Conversation:
 
     @classmethod
     def from_json(cls, raw: bytes | None) -> Conversation | None:
-        doc = _doc(raw)
-        try:
-            return cls(**doc) if doc is not None and isinstance(doc.get("items"), list) else None
-        except TypeError:  # another layout
-            return None
+        return _stored(cls, raw, "items", list)
+
+
+def _stored(cls: Callable[..., S], raw: bytes | None, key: str, kind: type) -> S | None:
+    """``cls`` from its stored JSON, or None when ``raw`` is not one (no such record, or another layout:
+    ``key`` missing or not of ``kind``, or fields ``cls`` does not take)."""
+    doc = _doc(raw)
+    try:
+        return cls(**doc) if doc is not None and isinstance(doc.get(key), kind) else None
+    except TypeError:  # another layout
+        return None
 
 
 def _doc(raw: bytes | None) -> JSONObject | None:

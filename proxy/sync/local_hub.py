@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.sync.local_wire import ChannelError, frame, read_frame
-from proxy.sync.state_store import LOG_MAX
+from proxy.sync.state_store import LOG_MAX, live_docs
 
 log = logging.getLogger("kvroute.hub")
 READ_COUNT = 2000  # batches per read, as the Redis store's
@@ -117,12 +117,7 @@ class HubState:
         }
 
     def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
-        now = time.monotonic()
-        out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
-        for (kind, g), (expires, data) in self.docs.items():
-            if kind in out and g != skip and now < expires:
-                out[kind][g] = orjson.Fragment(data)
-        return out
+        return live_docs(self.docs, kinds, skip, orjson.Fragment)  # sent on as they came
 
     def leave(self, gateway: str, kinds: Sequence[str] | None = None) -> None:
         for kind, g in list(self.docs):

@@ -28,7 +28,7 @@ import asyncio
 import base64
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -122,6 +122,22 @@ def batch_of(doc: Any) -> Batch:
     return Batch(str(doc["g"]), tuple(events))
 
 
+def live_docs(
+    docs: Mapping[tuple[str, str], tuple[float, bytes]],
+    kinds: Sequence[str],
+    skip: str,
+    read: Callable[[bytes], Any],
+) -> dict[str, dict[str, Any]]:
+    """Per kind of ``kinds``, per gateway but ``skip``, its document (``read`` from its JSON) that has not
+    expired; ``docs`` maps (kind, gateway) to (expiry on the monotonic clock, JSON)."""
+    now = time.monotonic()
+    out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
+    for (kind, g), (expires, data) in docs.items():
+        if kind in out and g != skip and now < expires:
+            out[kind][g] = read(data)
+    return out
+
+
 @dataclass
 class MemoryStore:
     """An in-process store (see the module docstring)."""
@@ -152,12 +168,7 @@ class MemoryStore:
         return [(str(end), b) for b in batches], str(end)
 
     async def gather(self, kinds: Sequence[str], skip: str) -> dict[str, dict[str, Any]]:
-        now = time.monotonic()
-        out: dict[str, dict[str, Any]] = {k: {} for k in kinds}
-        for (kind, g), (expires, data) in self.docs.items():
-            if kind in out and g != skip and now < expires:
-                out[kind][g] = orjson.loads(data)
-        return out
+        return live_docs(self.docs, kinds, skip, orjson.loads)
 
     async def leave(self, gateway: str, kinds: Sequence[str]) -> None:
         for kind in kinds:

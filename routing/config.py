@@ -57,7 +57,7 @@ class RoutingConfig:
     demand_half_life: float = 200.0
 
     # new sessions avoid replicas holding more than this multiple of the fewest sessions any replica
-    # holds, + 1 (0 disables)
+    # holds, + 1, where their predicted TTFT is within session_overload_factor of the pick's (0 disables)
     session_spread_factor: float = 1.3
 
     # session affinity (routing.session): sessions remembered, least recently used forgotten first

@@ -23,7 +23,10 @@ The composition (``routing.protocols``), each exit naming a Reason:
    holds its history). A new session avoids replicas
    holding more than ``session_spread_factor`` x the fewest sessions any replica holds + 1 (Reason
    FALLBACK when that moved it): sessions are long-lived and grow, so a shared system prompt must not
-   gather every session on its first holders.
+   gather every session on its first holders. It moves only where its predicted TTFT is within
+   ``session_overload_factor`` of the pick's: the same bound a session's later turns stay within, so
+   a session is never sent where its next turn would leave at once, and a large shared prompt is not
+   copied to every replica for the sake of a count.
 
 Reasons otherwise (``explain``): PREFIX_GPU / PREFIX_HOST / PREFIX_STORAGE when the chosen replica's
 match is at least one block and mostly in that tier, LEAST_COST when it has none, FALLBACK when a tie was
@@ -127,8 +130,9 @@ class SessionPicker(Wrapper):
         elif sticky is None and key:
             crowded = self.sessions.crowded([s.id for s in scored], self._cfg.session_spread_factor)
             if pick.chosen.id in crowded:
-                roomy = [s for s in scored if s.id not in crowded]
-                return Pick(self.inner.pick(req, roomy).chosen, Reason.FALLBACK)
+                roomy = self.inner.pick(req, [s for s in scored if s.id not in crowded]).chosen
+                if _ttft(roomy) <= self._cfg.session_overload_factor * _ttft(pick.chosen):
+                    return Pick(roomy, Reason.FALLBACK)
         return pick
 
     def chose(self, req: RoutingRequest, replica: ReplicaId) -> None:
@@ -138,6 +142,10 @@ class SessionPicker(Wrapper):
     def forget(self, replica: ReplicaId) -> None:
         self.sessions.forget_replica(replica)
         super().forget(replica)
+
+
+def _ttft(s: Scored) -> float:
+    return s.terms.total if s.terms is not None else s.cost
 
 
 def explain(req: RoutingRequest, chosen: Scored, scored: Sequence[Scored]) -> Reason:

@@ -358,15 +358,30 @@ def test_requests_sharing_only_a_first_block_draw_apart_and_alike_on_every_gatew
     ]
 
 
-def test_new_sessions_sharing_a_system_prompt_spread_over_the_fleet() -> None:
-    """r0 holds the shared prefix and stays the cheapest; new sessions still spread by session count."""
+def _new_sessions(shared: int) -> tuple[Counter[str], Counter[Reason], PolicyHarness]:
+    """40 new 4000-token sessions whose first ``shared`` tokens r0 holds (r0 stays the cheapest)."""
     policy = CostPolicy()
     counts: Counter[str] = Counter()
     reasons: Counter[Reason] = Counter()
     for i in range(40):
-        d = policy.route(req(4000, session=f"s{i}"), [cand("r0", gpu=3500), *(cand(r) for r in IDS[1:])])
+        d = policy.route(req(4000, session=f"s{i}"), [cand("r0", gpu=shared), *(cand(r) for r in IDS[1:])])
         counts[d.replica] += 1
         reasons[d.reason] += 1
+    return counts, reasons, policy
+
+
+def test_new_sessions_sharing_a_system_prompt_spread_over_the_fleet() -> None:
+    """A 1000-token shared prompt: a cold start elsewhere (1.05 s) is within 2x the hit on r0 (0.80 s),
+    so new sessions spread by session count."""
+    counts, reasons, policy = _new_sessions(1000)
     assert set(counts) == set(IDS) and max(counts.values()) <= 1.3 * 40 / 4 + 1
     assert reasons[Reason.PREFIX_GPU] > 0 and reasons[Reason.FALLBACK] > 0
     assert _sessions(policy).sessions.held("r0") == counts["r0"]
+
+
+def test_a_new_session_is_not_spread_where_its_next_turn_would_not_stay() -> None:
+    """A 3500-token shared prompt: a cold start elsewhere (1.05 s) is 6x the hit on r0 (0.175 s), beyond
+    the 2x a session's turns stay within; the copy is left to the placement cost (r0's queue), not to a
+    count."""
+    counts, reasons, _ = _new_sessions(3500)
+    assert counts == {"r0": 40} and reasons[Reason.FALLBACK] == 0

@@ -113,7 +113,8 @@ async def create(request: web.Request) -> web.Response:
     if not req.wait:
         return _json(job_view(jobs, job), status=202)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(job.done.wait(), timeout=WAIT_LIMIT_S)
+        async with asyncio.timeout(WAIT_LIMIT_S):
+            await job.done.wait()
     return _json(job_view(jobs, job, detail=True))
 
 

@@ -77,7 +77,8 @@ class WarmJobs(WarmRegistry):
                 self._rewarm()
                 last_check = time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=0.2)
+                async with asyncio.timeout(0.2):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._wake.wait()
             self._wake.clear()
 
     def _dispatch(self) -> None:

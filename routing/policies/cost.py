@@ -124,14 +124,15 @@ class SessionPicker(Wrapper):
         key = req.session_key
         sticky = self.sessions.get(key)
         if sticky is not None and sticky != pick.chosen.id:
-            ttfts = {s.id: s.terms.total if s.terms is not None else s.cost for s in scored}
+            ttfts = {s.id: _ttft(s) for s in scored}
             if should_stick(ttfts, sticky, self._cfg.session_overload_factor):
                 return Pick(next(s for s in scored if s.id == sticky), Reason.SESSION)
         elif sticky is None and key:
             crowded = self.sessions.crowded([s.id for s in scored], self._cfg.session_spread_factor)
             if pick.chosen.id in crowded:
                 roomy = self.inner.pick(req, [s for s in scored if s.id not in crowded]).chosen
-                if _ttft(roomy) <= self._cfg.session_overload_factor * _ttft(pick.chosen):
+                ttfts = {roomy.id: _ttft(roomy), pick.chosen.id: _ttft(pick.chosen)}
+                if should_stick(ttfts, roomy.id, self._cfg.session_overload_factor):
                     return Pick(roomy, Reason.FALLBACK)
         return pick
 
@@ -145,6 +146,7 @@ class SessionPicker(Wrapper):
 
 
 def _ttft(s: Scored) -> float:
+    """The predicted TTFT there (the cost when a scorer gives no terms): what sessions are bound by."""
     return s.terms.total if s.terms is not None else s.cost
 
 

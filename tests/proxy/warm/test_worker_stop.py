@@ -8,26 +8,17 @@ state-sync loops guard against it with ``_stop_if_asked``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
-from typing import Any
 
 from proxy.config.settings import Settings
 from proxy.server import build_app as build_gateway
 from proxy.warm.api import WARMUPS
 
 
-async def _stops_when_woken_and_cancelled(
-    run: Callable[[], Coroutine[Any, Any, None]], wake: asyncio.Event
-) -> None:
-    task = asyncio.get_running_loop().create_task(run())
-    await asyncio.sleep(0.05)  # waiting on its event now
-    wake.set()
+async def test_the_warmup_worker_stops_when_woken_as_it_is_cancelled() -> None:
+    jobs = build_gateway(Settings(backends=("http://127.0.0.1:9",)))[WARMUPS]
+    task = asyncio.get_running_loop().create_task(jobs.run())
+    await asyncio.sleep(0.05)  # waiting for its wake-up now
+    jobs._wake.set()
     task.cancel()
     await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 2.0)
     assert task.cancelled()
-
-
-async def test_the_warmup_worker_stops_when_woken_as_it_is_cancelled() -> None:
-    app = build_gateway(Settings(backends=("http://127.0.0.1:9",)))
-    jobs = app[WARMUPS]
-    await _stops_when_woken_and_cancelled(jobs.run, jobs._wake)
